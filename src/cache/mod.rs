@@ -1,0 +1,15 @@
+//! The persistent cache: a data tree that mirrors the source's names (browsable, readable
+//! without hoardfs) and a parallel tree of per-file records (`record`).
+//!
+//! ```text
+//! CACHE_DIR/FORMAT        "hoardfs cache 1"
+//! CACHE_DIR/lock          flock'ed by the one daemon that uses this cache
+//! CACHE_DIR/data/<path>   cached bytes at their source offsets (sparse where absent)
+//! CACHE_DIR/meta/<path>   the record of data/<path> (see record.rs)
+//! ```
+
+pub mod record;
+pub mod store;
+
+pub use record::{CacheRecord, SourceIdentity};
+pub use store::CacheStore;

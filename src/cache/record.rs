@@ -1,0 +1,262 @@
+//! The persistent record kept beside each cached file: which source version the cached bytes
+//! belong to, which chunks are present, and when the file was last used.
+//!
+//! Format (little endian), versioned and self-checking so that a torn or foreign record is
+//! detected and the file's cache discarded, never served:
+//!
+//! ```text
+//! magic "HOARDREC" | format u32 | flags u32 | ino u64 | size u64
+//! | mtime_s i64 | mtime_ns u32 | ctime_s i64 | ctime_ns u32
+//! | chunk_size u64 | last_used_s u64 | nchunks u64 | bitmap ((nchunks+7)/8 bytes) | crc32 u32
+//! ```
+//! The crc covers every byte before it.
+
+use crate::source::Stat;
+
+const MAGIC: &[u8; 8] = b"HOARDREC";
+/// Bump whenever the layout changes; the golden-bytes test below forces it.
+pub const FORMAT: u32 = 1;
+const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4 + 8 + 8 + 8;
+
+/// Set while writes are under way: the record's identity must not be trusted.
+const FLAG_DIRTY: u32 = 1;
+
+/// What identifies one version of a source file: if any of it changes, the cache is stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SourceIdentity {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+}
+
+impl SourceIdentity {
+    pub fn of(st: &Stat) -> SourceIdentity {
+        SourceIdentity {
+            ino: st.ino,
+            size: st.size,
+            mtime: st.mtime,
+            ctime: st.ctime,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheRecord {
+    pub identity: SourceIdentity,
+    /// Writes through the mount are in progress or were cut short: identity is not valid.
+    pub dirty: bool,
+    pub chunk_size: u64,
+    pub last_used: u64,
+    /// One bit per chunk of `identity.size`.
+    pub present: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("record too short")]
+    Short,
+    #[error("not a hoardfs record")]
+    BadMagic,
+    #[error("record format {0}, expected {FORMAT}")]
+    Format(u32),
+    #[error("record checksum mismatch")]
+    Checksum,
+    #[error("record is inconsistent")]
+    Inconsistent,
+}
+
+pub fn chunk_count(size: u64, chunk_size: u64) -> u64 {
+    size.div_ceil(chunk_size)
+}
+
+impl CacheRecord {
+    /// An empty record for `identity`: nothing cached yet.
+    pub fn empty(identity: SourceIdentity, chunk_size: u64) -> CacheRecord {
+        let n = chunk_count(identity.size, chunk_size);
+        CacheRecord {
+            identity,
+            dirty: false,
+            chunk_size,
+            last_used: 0,
+            present: vec![0; n.div_ceil(8) as usize],
+        }
+    }
+
+    pub fn nchunks(&self) -> u64 {
+        chunk_count(self.identity.size, self.chunk_size)
+    }
+
+    pub fn is_present(&self, chunk: u64) -> bool {
+        chunk < self.nchunks() && self.present[(chunk / 8) as usize] & (1 << (chunk % 8)) != 0
+    }
+
+    pub fn set_present(&mut self, chunk: u64, on: bool) {
+        if chunk >= self.nchunks() {
+            return;
+        }
+        let (byte, bit) = ((chunk / 8) as usize, 1u8 << (chunk % 8));
+        if on {
+            self.present[byte] |= bit;
+        } else {
+            self.present[byte] &= !bit;
+        }
+    }
+
+    pub fn present_count(&self) -> u64 {
+        (0..self.nchunks()).filter(|&c| self.is_present(c)).count() as u64
+    }
+
+    pub fn is_complete(&self) -> bool {
+        (0..self.nchunks()).all(|c| self.is_present(c))
+    }
+
+    /// Changes the size. Chunks that lie wholly beyond the old end are marked `present`
+    /// because the cache file was resized the same way as the source (zeros on both sides);
+    /// the chunk holding the old end keeps its state.
+    pub fn resize(&mut self, new_size: u64) {
+        let old_n = self.nchunks();
+        let old_size = self.identity.size;
+        self.identity.size = new_size;
+        let n = self.nchunks();
+        self.present.resize(n.div_ceil(8) as usize, 0);
+        // Clear bits past the new end so the trailing byte stays canonical.
+        for c in n..(self.present.len() as u64 * 8) {
+            let (byte, bit) = ((c / 8) as usize, 1u8 << (c % 8));
+            self.present[byte] &= !bit;
+        }
+        if new_size > old_size {
+            let first_new = old_size.div_ceil(self.chunk_size).max(old_n.min(n));
+            for c in first_new..n {
+                self.set_present(c, true);
+            }
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HEADER_LEN + self.present.len() + 4);
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&FORMAT.to_le_bytes());
+        b.extend_from_slice(&(if self.dirty { FLAG_DIRTY } else { 0 }).to_le_bytes());
+        b.extend_from_slice(&self.identity.ino.to_le_bytes());
+        b.extend_from_slice(&self.identity.size.to_le_bytes());
+        b.extend_from_slice(&self.identity.mtime.0.to_le_bytes());
+        b.extend_from_slice(&self.identity.mtime.1.to_le_bytes());
+        b.extend_from_slice(&self.identity.ctime.0.to_le_bytes());
+        b.extend_from_slice(&self.identity.ctime.1.to_le_bytes());
+        b.extend_from_slice(&self.chunk_size.to_le_bytes());
+        b.extend_from_slice(&self.last_used.to_le_bytes());
+        b.extend_from_slice(&self.nchunks().to_le_bytes());
+        b.extend_from_slice(&self.present);
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<CacheRecord, RecordError> {
+        if b.len() < HEADER_LEN + 4 {
+            return Err(RecordError::Short);
+        }
+        if &b[..8] != MAGIC {
+            return Err(RecordError::BadMagic);
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let format = u32_at(8);
+        if format != FORMAT {
+            return Err(RecordError::Format(format));
+        }
+        let body_len = b.len() - 4;
+        let crc = u32_at(body_len);
+        if crc32fast::hash(&b[..body_len]) != crc {
+            return Err(RecordError::Checksum);
+        }
+        let flags = u32_at(12);
+        let identity = SourceIdentity {
+            ino: u64_at(16),
+            size: u64_at(24),
+            mtime: (u64_at(32) as i64, u32_at(40)),
+            ctime: (u64_at(44) as i64, u32_at(52)),
+        };
+        let chunk_size = u64_at(56);
+        let last_used = u64_at(64);
+        let nchunks = u64_at(72);
+        if chunk_size == 0
+            || nchunks != chunk_count(identity.size, chunk_size)
+            || body_len - HEADER_LEN != nchunks.div_ceil(8) as usize
+        {
+            return Err(RecordError::Inconsistent);
+        }
+        Ok(CacheRecord {
+            identity,
+            dirty: flags & FLAG_DIRTY != 0,
+            chunk_size,
+            last_used,
+            present: b[HEADER_LEN..body_len].to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ident(size: u64) -> SourceIdentity {
+        SourceIdentity {
+            ino: 42,
+            size,
+            mtime: (1_700_000_000, 123),
+            ctime: (1_700_000_001, 456),
+        }
+    }
+
+    #[test]
+    fn golden_bytes_force_a_format_bump() {
+        let mut r = CacheRecord::empty(ident(10), 4);
+        r.set_present(1, true);
+        r.last_used = 7;
+        let bytes = r.encode();
+        // If this changes, bump FORMAT: old records must not be misread.
+        assert_eq!(bytes.len(), HEADER_LEN + 1 + 4);
+        assert_eq!(crc32fast::hash(&bytes), 0x0cb4_7e4e, "format changed: bump FORMAT");
+    }
+
+    #[test]
+    fn corruption_is_detected() {
+        let mut r = CacheRecord::empty(ident(100), 8);
+        r.set_present(3, true);
+        let bytes = r.encode();
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            assert!(CacheRecord::decode(&bad).is_err(), "flip at {i} not detected");
+        }
+        for len in 0..bytes.len() {
+            assert!(CacheRecord::decode(&bytes[..len]).is_err());
+        }
+    }
+
+    #[test]
+    fn resize_marks_new_chunks_present_and_keeps_the_boundary_chunk() {
+        let mut r = CacheRecord::empty(ident(10), 4); // chunks 0..3, last partial
+        r.resize(20); // chunk 2 held the old end; 3 and 4 are new
+        assert!(!r.is_present(2));
+        assert!(r.is_present(3) && r.is_present(4));
+        r.resize(5);
+        assert_eq!(r.nchunks(), 2);
+        assert!(!r.is_present(1));
+        r.resize(0);
+        assert!(r.is_complete());
+    }
+
+    proptest! {
+        #[test]
+        fn roundtrip(size in 0u64..1_000_000, cs in 1u64..70_000, bits in proptest::collection::vec(any::<bool>(), 0..64), dirty: bool) {
+            let mut r = CacheRecord::empty(ident(size), cs);
+            for (i, b) in bits.iter().enumerate() { r.set_present(i as u64, *b); }
+            r.dirty = dirty;
+            prop_assert_eq!(CacheRecord::decode(&r.encode()).unwrap(), r);
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Command line: `hoardfs SOURCE MOUNTPOINT [options]` mounts; subcommands talk to a mount.
+//! Every mount option exists both as a `--long-flag` and as a mount-style `-o key=value`,
+//! so that an fstab line can carry it; explicit flags win over `-o`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, parse_secs, parse_size, Config};
+
+const CACHING: &str = "Caching";
+const KERNEL: &str = "Kernel caching and access";
+const PROCESS: &str = "Process";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hoardfs",
+    version,
+    about = "A persistent caching file system: mounts a slow SOURCE directory at MOUNTPOINT, \
+             keeping file data in a local cache directory across restarts.",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub mount: MountArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show what reached the daemon of a mount: requests by type, hits, misses, bytes.
+    Stats {
+        /// The mount point of a running hoardfs.
+        mountpoint: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// The directory to cache (any POSIX file system: NFS, SMB, SSHFS, a slow disk).
+    #[arg(required = true)]
+    pub source: Option<PathBuf>,
+    /// Where to present the source's tree.
+    #[arg(required = true)]
+    pub mountpoint: Option<PathBuf>,
+
+    /// Where cached data lives [default: $XDG_CACHE_HOME/hoardfs/<source> or
+    /// /var/cache/hoardfs/<source> for root].
+    #[arg(long, help_heading = CACHING)]
+    pub cache_dir: Option<PathBuf>,
+    /// Files up to this size are fetched whole on first open [default: 8M].
+    #[arg(long, value_parser = parse_size, help_heading = CACHING)]
+    pub whole_file_threshold: Option<u64>,
+    /// Chunk size for larger files, a power of two >= 4K [default: 1M].
+    #[arg(long, value_parser = parse_size, help_heading = CACHING)]
+    pub chunk_size: Option<u64>,
+    /// Trust the cache: do not compare cached files with the source on open.
+    #[arg(long, help_heading = CACHING)]
+    pub no_stale_check: bool,
+
+    /// Seconds the kernel may keep a name lookup [default: 1].
+    #[arg(long, value_parser = parse_secs, help_heading = KERNEL)]
+    pub entry_ttl: Option<Duration>,
+    /// Seconds the kernel may keep attributes [default: 1].
+    #[arg(long, value_parser = parse_secs, help_heading = KERNEL)]
+    pub attr_ttl: Option<Duration>,
+    /// Seconds the kernel may remember that a name does not exist [default: 1].
+    #[arg(long, value_parser = parse_secs, help_heading = KERNEL)]
+    pub negative_ttl: Option<Duration>,
+    /// Serve reads of fully cached files through the daemon instead of FUSE passthrough.
+    #[arg(long, help_heading = KERNEL)]
+    pub no_passthrough: bool,
+    /// Let other users than the mounting one use the mount (access is still checked
+    /// against file modes: default_permissions is always on).
+    #[arg(long, help_heading = KERNEL)]
+    pub allow_other: bool,
+    /// Mount read-only.
+    #[arg(short = 'r', long, help_heading = KERNEL)]
+    pub read_only: bool,
+
+    /// Stay in the foreground (do not daemonize).
+    #[arg(short = 'f', long, help_heading = PROCESS)]
+    pub foreground: bool,
+    /// Threads serving FUSE requests [default: 4].
+    #[arg(long, help_heading = PROCESS)]
+    pub threads: Option<usize>,
+    /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
+    /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, no_stale_check,
+    /// no_passthrough, allow_other, ro, rw, threads=N; the generic mount(8) options
+    /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
+    /// are accepted and ignored.
+    #[arg(short = 'o', value_name = "OPTIONS", help_heading = PROCESS)]
+    pub options: Vec<String>,
+}
+
+/// Options of mount(8) and fstab that concern mount(8) itself, not hoardfs.
+const IGNORED_MOUNT_OPTIONS: &[&str] = &[
+    "defaults", "_netdev", "nofail", "auto", "noauto", "user", "nouser", "users", "owner",
+    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
+    "nodiratime", "diratime", "async", "sync", "default_permissions", "x-systemd.automount",
+];
+
+impl MountArgs {
+    pub fn into_config(self) -> Result<Config, String> {
+        let source = self.source.expect("clap requires SOURCE");
+        let mountpoint = self.mountpoint.expect("clap requires MOUNTPOINT");
+        let mut c = Config {
+            cache_dir: PathBuf::new(),
+            source,
+            mountpoint,
+            whole_file_threshold: config::DEFAULT_WHOLE_FILE_THRESHOLD,
+            chunk_size: config::DEFAULT_CHUNK_SIZE,
+            entry_ttl: config::DEFAULT_TTL,
+            attr_ttl: config::DEFAULT_TTL,
+            negative_ttl: config::DEFAULT_TTL,
+            stale_check: true,
+            passthrough: true,
+            allow_other: false,
+            read_only: false,
+            foreground: false,
+            threads: 4,
+            checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
+        };
+        let mut cache_dir = None;
+        for opt in self.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = |v: Option<&'_ str>| -> Result<String, String> {
+                v.map(str::to_owned).ok_or_else(|| format!("mount option {key} needs a value"))
+            };
+            match key {
+                "cache_dir" => cache_dir = Some(PathBuf::from(need(value)?)),
+                "whole_file_threshold" => c.whole_file_threshold = parse_size(&need(value)?)?,
+                "chunk_size" => c.chunk_size = parse_size(&need(value)?)?,
+                "entry_ttl" => c.entry_ttl = parse_secs(&need(value)?)?,
+                "attr_ttl" => c.attr_ttl = parse_secs(&need(value)?)?,
+                "negative_ttl" => c.negative_ttl = parse_secs(&need(value)?)?,
+                "threads" => {
+                    c.threads = need(value)?.parse().map_err(|_| format!("invalid threads in {opt:?}"))?
+                }
+                "no_stale_check" => c.stale_check = false,
+                "stale_check" => c.stale_check = true,
+                "no_passthrough" => c.passthrough = false,
+                "passthrough" => c.passthrough = true,
+                "allow_other" => c.allow_other = true,
+                "ro" => c.read_only = true,
+                "rw" => c.read_only = false,
+                k if IGNORED_MOUNT_OPTIONS.contains(&k) || k.starts_with("x-") || k.starts_with("comment=") => {}
+                _ => return Err(format!("unknown mount option {opt:?}")),
+            }
+        }
+        if let Some(d) = self.cache_dir {
+            cache_dir = Some(d);
+        }
+        if let Some(v) = self.whole_file_threshold {
+            c.whole_file_threshold = v;
+        }
+        if let Some(v) = self.chunk_size {
+            c.chunk_size = v;
+        }
+        if let Some(v) = self.entry_ttl {
+            c.entry_ttl = v;
+        }
+        if let Some(v) = self.attr_ttl {
+            c.attr_ttl = v;
+        }
+        if let Some(v) = self.negative_ttl {
+            c.negative_ttl = v;
+        }
+        if let Some(v) = self.threads {
+            c.threads = v;
+        }
+        c.stale_check &= !self.no_stale_check;
+        c.passthrough &= !self.no_passthrough;
+        c.allow_other |= self.allow_other;
+        c.read_only |= self.read_only;
+        c.foreground = self.foreground;
+        c.cache_dir = match cache_dir {
+            Some(d) => d,
+            None => {
+                let abs = std::fs::canonicalize(&c.source).unwrap_or_else(|_| c.source.clone());
+                config::default_cache_dir(&abs)
+            }
+        };
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        cli.mount.into_config()
+    }
+
+    #[test]
+    fn mount_options_and_flags() {
+        let c = parse(&[
+            "hoardfs", "/src", "/mnt", "-o", "cache_dir=/c,chunk_size=64K,ro,_netdev", "--chunk-size", "2M",
+        ])
+        .unwrap();
+        assert_eq!(c.cache_dir, PathBuf::from("/c"));
+        assert_eq!(c.chunk_size, 2 << 20, "flags win over -o");
+        assert!(c.read_only);
+        assert!(parse(&["hoardfs", "/src", "/mnt", "-o", "bogus"]).unwrap_err().contains("bogus"));
+        assert!(parse(&["hoardfs", "/src"]).is_err());
+    }
+
+    #[test]
+    fn stats_subcommand() {
+        let cli = Cli::try_parse_from(["hoardfs", "stats", "/mnt", "--json"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Stats { json: true, .. })));
+    }
+}

@@ -1,0 +1,170 @@
+//! Validated configuration of one mount. Defaults carry their reasons.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Files up to this size are fetched whole on first open; larger files chunk by chunk.
+/// 8 MiB: most source files people open whole (code, documents, configs) are below it,
+/// and fetching them in one go costs one round trip instead of one per chunk.
+pub const DEFAULT_WHOLE_FILE_THRESHOLD: u64 = 8 << 20;
+/// Unit of caching for large files. 1 MiB keeps the presence bitmap tiny (128 bytes per
+/// GiB) and a random 4 KiB read over a slow link fetches at most 1 MiB extra.
+pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
+/// Kernel entry and attribute TTL. Opens always revalidate against the source
+/// (close-to-open), so this only bounds how long a `stat` may show old attributes.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+/// Chunks fetched since the last checkpoint before the bitmap is made durable.
+pub const DEFAULT_CHECKPOINT_CHUNKS: u32 = 64;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub source: PathBuf,
+    pub mountpoint: PathBuf,
+    pub cache_dir: PathBuf,
+    pub whole_file_threshold: u64,
+    pub chunk_size: u64,
+    pub entry_ttl: Duration,
+    pub attr_ttl: Duration,
+    pub negative_ttl: Duration,
+    pub stale_check: bool,
+    pub passthrough: bool,
+    pub allow_other: bool,
+    pub read_only: bool,
+    pub foreground: bool,
+    pub threads: usize,
+    pub checkpoint_chunks: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("source {0}: {1}")]
+    Source(PathBuf, String),
+    #[error("mount point {0}: {1}")]
+    Mountpoint(PathBuf, String),
+    #[error("cache directory {0}: {1}")]
+    CacheDir(PathBuf, String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn canonical_dir(p: &Path, what: fn(PathBuf, String) -> ConfigError) -> Result<PathBuf, ConfigError> {
+    let c = std::fs::canonicalize(p).map_err(|e| what(p.to_path_buf(), e.to_string()))?;
+    if !c.is_dir() {
+        return Err(what(p.to_path_buf(), "is not a directory".into()));
+    }
+    Ok(c)
+}
+
+/// The cache directory used when none is given: one per source, under the user's cache
+/// home (`$XDG_CACHE_HOME/hoardfs`, `~/.cache/hoardfs`) or `/var/cache/hoardfs` for root.
+pub fn default_cache_dir(source: &Path) -> PathBuf {
+    let base = if rustix::process::geteuid().is_root() {
+        PathBuf::from("/var/cache/hoardfs")
+    } else if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+        PathBuf::from(x).join("hoardfs")
+    } else if let Some(h) = std::env::var_os("HOME") {
+        PathBuf::from(h).join(".cache/hoardfs")
+    } else {
+        PathBuf::from("/tmp/hoardfs-cache")
+    };
+    // Readable name plus a hash of the full path, so /a/data and /b/data never collide.
+    let s = source.as_os_str().to_string_lossy();
+    let readable: String = s
+        .trim_matches('/')
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .collect();
+    let readable: String = readable.chars().rev().take(48).collect::<Vec<_>>().into_iter().rev().collect();
+    base.join(format!("{}-{:08x}", if readable.is_empty() { "root".into() } else { readable }, crc32fast::hash(s.as_bytes())))
+}
+
+impl Config {
+    /// Checks paths and values, canonicalising the paths. Catches the layouts that would
+    /// make the mount recurse into itself or cache into its own source.
+    pub fn validate(mut self) -> Result<Config, ConfigError> {
+        self.source = canonical_dir(&self.source, ConfigError::Source)?;
+        self.mountpoint = canonical_dir(&self.mountpoint, ConfigError::Mountpoint)?;
+        if !self.cache_dir.exists() {
+            std::fs::create_dir_all(&self.cache_dir)
+                .map_err(|e| ConfigError::CacheDir(self.cache_dir.clone(), format!("cannot create: {e}")))?;
+        }
+        self.cache_dir = canonical_dir(&self.cache_dir, ConfigError::CacheDir)?;
+        let (s, m, c) = (&self.source, &self.mountpoint, &self.cache_dir);
+        if c.starts_with(s) || s.starts_with(c) {
+            return Err(ConfigError::CacheDir(
+                c.clone(),
+                format!("must not be inside the source {} or contain it", s.display()),
+            ));
+        }
+        if c.starts_with(m) || m.starts_with(c) {
+            return Err(ConfigError::CacheDir(
+                c.clone(),
+                format!("must not be inside the mount point {} or contain it", m.display()),
+            ));
+        }
+        if m == s {
+            return Err(ConfigError::Mountpoint(m.clone(), "is the source itself".into()));
+        }
+        if !self.chunk_size.is_power_of_two() || self.chunk_size < 4096 {
+            return Err(ConfigError::Invalid(format!(
+                "chunk size {} must be a power of two of at least 4 KiB",
+                self.chunk_size
+            )));
+        }
+        if self.threads == 0 {
+            return Err(ConfigError::Invalid("threads must be at least 1".into()));
+        }
+        Ok(self)
+    }
+}
+
+/// Parses sizes like `4096`, `64K`, `1M`, `8MiB`, `2G`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("invalid size unit in {s:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// Parses durations in seconds, fractions allowed (`1`, `0.5`, `30s`).
+pub fn parse_secs(s: &str) -> Result<Duration, String> {
+    let t = s.trim().trim_end_matches('s');
+    let v: f64 = t.parse().map_err(|_| format!("invalid duration {s:?} (seconds)"))?;
+    if !(0.0..=1e9).contains(&v) {
+        return Err(format!("duration {s:?} out of range"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert_eq!(parse_secs("0.5").unwrap(), Duration::from_millis(500));
+        assert!(parse_secs("-1").is_err());
+    }
+
+    #[test]
+    fn default_cache_dir_is_distinct_per_source() {
+        let a = default_cache_dir(Path::new("/a/data"));
+        let b = default_cache_dir(Path::new("/b/data"));
+        assert_ne!(a, b);
+        assert!(a.file_name().unwrap().to_string_lossy().starts_with("a_data-"));
+    }
+}

@@ -1,0 +1,1175 @@
+//! `CachingFs`: the file system's semantics, independent of how requests arrive.
+//!
+//! Every namespace operation and every write goes to the source first and returns only once
+//! the source has answered (write-through); the cache is then brought in line, and any cache
+//! failure only drops cached data, never fails the request. Reads are served from the cache
+//! file, fetching missing chunks from the source first; reads of fully cached files opened
+//! read-only go through FUSE passthrough and never reach the daemon.
+//!
+//! Lock order: inode table, then `Inode::path`, then `Inode::file`, then `CachingFs::handles`.
+//! No lock is held while waiting for another request.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
+
+use crate::cache::record::chunk_count;
+use crate::cache::store::{read_record, write_record, CacheFiles};
+use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
+use crate::config::Config;
+use crate::inode::{Inode, InodeTable, ROOT_ID};
+use crate::source::{fstat, BeneathRoot, SetAttr, Stat};
+use crate::stats::{Snapshot, Stats};
+
+pub type Result<T> = std::result::Result<T, Errno>;
+
+/// The errno of an I/O error; anything without one is EIO (and logged).
+pub fn errno(e: io::Error) -> Errno {
+    match e.raw_os_error() {
+        Some(n) => Errno::from_i32(n),
+        None => {
+            tracing::warn!("I/O error without errno: {e}");
+            Errno::EIO
+        }
+    }
+}
+
+/// How long a writer waits for passthrough readers whose release is still on its way.
+const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+/// Cache state of one regular file while it is open through the mount.
+#[derive(Debug)]
+pub struct FileState {
+    /// The cache files; `None` when the cache cannot be used for this file (I/O errors),
+    /// in which case every read goes to the source.
+    files: Option<CacheFiles>,
+    record: CacheRecord,
+    /// A read-only descriptor of the source file, for fetching; opened while the file is
+    /// not fully cached, so that fetches work even after the name is unlinked.
+    fetch_src: Option<File>,
+    daemon_opens: u32,
+    passthrough_opens: u32,
+    backing: Weak<BackingId>,
+    /// Chunks fetched since the record was last made durable.
+    unsynced: u32,
+    /// A write went to the source since the last checkpoint (the on-disk record is dirty).
+    written: bool,
+}
+
+impl FileState {
+    fn complete(&self) -> bool {
+        self.files.is_some() && self.record.is_complete()
+    }
+}
+
+/// An open regular file.
+#[derive(Debug)]
+pub struct Handle {
+    pub inode: Arc<Inode>,
+    /// The source file opened with the caller's access mode (absent for passthrough opens).
+    source: Option<File>,
+    writable: bool,
+    passthrough: Option<Arc<BackingId>>,
+}
+
+/// What `open` and `create` answer.
+pub struct Opened {
+    pub fh: u64,
+    pub flags: FopenFlags,
+    pub backing: Option<Arc<BackingId>>,
+}
+
+/// One entry of a directory listing held by an open directory handle.
+#[derive(Clone, Debug)]
+pub struct ListEntry {
+    pub ino: u64,
+    pub kind: FileType,
+    pub name: std::ffi::OsString,
+}
+
+pub struct CachingFs {
+    pub cfg: Config,
+    source: BeneathRoot,
+    cache: CacheStore,
+    pub inodes: InodeTable,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    dirs: Mutex<HashMap<u64, Arc<Vec<ListEntry>>>>,
+    /// Per (inode, lock owner): the source descriptor whose OFD locks stand for that
+    /// owner's POSIX locks, so that locks hold on the source for every client.
+    locks: Mutex<HashMap<(u64, u64), File>>,
+    next_fh: AtomicU64,
+    passthrough_ok: AtomicBool,
+    pub stats: Stats,
+    /// Called with a node id whose kernel-cached data and attributes must be dropped.
+    invalidate: Box<dyn Fn(u64) + Send + Sync>,
+}
+
+fn kind_of(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn time(t: (i64, u32)) -> SystemTime {
+    if t.0 >= 0 {
+        UNIX_EPOCH + Duration::new(t.0 as u64, t.1)
+    } else {
+        UNIX_EPOCH - Duration::new((-t.0) as u64, 0) + Duration::new(0, t.1)
+    }
+}
+
+pub fn attr_of(id: u64, st: &Stat) -> FileAttr {
+    FileAttr {
+        ino: fuser::INodeNo(id),
+        size: st.size,
+        blocks: st.blocks,
+        atime: time(st.atime),
+        mtime: time(st.mtime),
+        ctime: time(st.ctime),
+        crtime: time(st.ctime),
+        kind: kind_of(st.mode),
+        perm: (st.mode & 0o7777) as u16,
+        nlink: st.nlink as u32,
+        uid: st.uid,
+        gid: st.gid,
+        rdev: st.rdev as u32,
+        blksize: st.blksize,
+        flags: 0,
+    }
+}
+
+fn child(parent: &Path, name: &OsStr) -> Result<PathBuf> {
+    if name.is_empty() || name == "." || name == ".." || name.as_encoded_bytes().contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    Ok(if parent.as_os_str().is_empty() {
+        PathBuf::from(name)
+    } else {
+        parent.join(name)
+    })
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Reads until `buf` is full or end of file; returns the bytes read.
+fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+impl CachingFs {
+    pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
+        let source = BeneathRoot::open(&cfg.source)?;
+        let root = source.stat(Path::new(""))?;
+        Ok(CachingFs {
+            source,
+            cache,
+            inodes: InodeTable::new(&root),
+            handles: Mutex::default(),
+            dirs: Mutex::default(),
+            locks: Mutex::default(),
+            next_fh: AtomicU64::new(1),
+            passthrough_ok: AtomicBool::new(cfg.passthrough),
+            stats: Stats::default(),
+            invalidate: Box::new(|_| {}),
+            cfg,
+        })
+    }
+
+    /// Installs the hook that drops the kernel's cached copy of a node (FUSE notify).
+    pub fn set_invalidator(&mut self, f: impl Fn(u64) + Send + Sync + 'static) {
+        self.invalidate = Box::new(f);
+    }
+
+    /// Called when the kernel turns out not to support passthrough.
+    pub fn disable_passthrough(&self) {
+        self.passthrough_ok.store(false, Ordering::Relaxed);
+    }
+
+    pub fn passthrough_enabled(&self) -> bool {
+        self.passthrough_ok.load(Ordering::Relaxed)
+    }
+
+    fn inode(&self, id: u64) -> Result<Arc<Inode>> {
+        self.inodes.get(id).ok_or(Errno::ESTALE)
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+        self.handles.lock().unwrap().get(&fh).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let (cache_bytes, cache_files) = self.cache.usage();
+        Snapshot {
+            mountpoint: self.cfg.mountpoint.display().to_string(),
+            source: self.cfg.source.display().to_string(),
+            cache_dir: self.cfg.cache_dir.display().to_string(),
+            requests: self.stats.requests(),
+            cache: self.stats.cache_snapshot(),
+            inodes: self.inodes.len() as u64,
+            open_handles: self.handles.lock().unwrap().len() as u64,
+            cache_bytes,
+            cache_files,
+        }
+    }
+
+    // ---------------------------------------------------------------- attributes & names
+
+    /// Attributes of `inode`: from an open handle when there is one (the name may be gone),
+    /// otherwise from its path.
+    pub fn getattr(&self, id: u64, fh: Option<u64>) -> Result<FileAttr> {
+        if let Some(h) = fh.and_then(|fh| self.handle(fh).ok()) {
+            if let Some(src) = &h.source {
+                return Ok(attr_of(id, &fstat(src.as_fd()).map_err(errno)?));
+            }
+        }
+        let inode = self.inode(id)?;
+        let st = self.source.stat(&inode.path()).map_err(errno)?;
+        Ok(attr_of(id, &st))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
+        let dir = self.inode(parent)?;
+        let path = child(&dir.path(), name)?;
+        let st = self.source.stat(&path).map_err(errno)?;
+        let inode = self.inodes.lookup(&path, &st);
+        Ok(attr_of(inode.id, &st))
+    }
+
+    pub fn forget(&self, id: u64, n: u64) {
+        self.inodes.forget(id, n);
+    }
+
+    /// Sets a new object's owner to the caller's, following the setgid-directory rule.
+    fn own_new(&self, path: &Path, parent: &Path, uid: u32, gid: u32) -> Result<()> {
+        if !rustix::process::geteuid().is_root() {
+            return Ok(());
+        }
+        let pst = self.source.stat(parent).map_err(errno)?;
+        let gid = if pst.mode & libc::S_ISGID != 0 { None } else { Some(gid) };
+        self.source.chown_new(path, uid, gid).map_err(errno)
+    }
+
+    fn entry_after_create(&self, path: &Path) -> Result<FileAttr> {
+        let st = self.source.stat(path).map_err(errno)?;
+        let inode = self.inodes.lookup(path, &st);
+        Ok(attr_of(inode.id, &st))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<FileAttr> {
+        let dir = self.inode(parent)?.path();
+        let path = child(&dir, name)?;
+        self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
+        self.finish_create(&path, &dir, mode, uid, gid)
+    }
+
+    /// Gives a new object to the caller; `chown` by root clears set-id bits, so they are
+    /// put back afterwards.
+    fn finish_create(&self, path: &Path, dir: &Path, mode: u32, uid: u32, gid: u32) -> Result<FileAttr> {
+        if let Err(e) = self.own_new(path, dir, uid, gid) {
+            let _ = self.source.unlink(path);
+            return Err(e);
+        }
+        if mode & (libc::S_ISUID | libc::S_ISGID) != 0 && mode & libc::S_IFMT != libc::S_IFLNK {
+            let set = SetAttr { mode: Some(mode & 0o7777), ..Default::default() };
+            self.source.set_attr(path, None, &set).map_err(errno)?;
+        }
+        self.entry_after_create(path)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> Result<FileAttr> {
+        let dir = self.inode(parent)?.path();
+        let path = child(&dir, name)?;
+        self.source.mkdir(&path, mode).map_err(errno)?;
+        if let Err(e) = self.own_new(&path, &dir, uid, gid) {
+            let _ = self.source.rmdir(&path);
+            return Err(e);
+        }
+        self.entry_after_create(&path)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, uid: u32, gid: u32) -> Result<FileAttr> {
+        let dir = self.inode(parent)?.path();
+        let path = child(&dir, name)?;
+        self.source.symlink(target, &path).map_err(errno)?;
+        if let Err(e) = self.own_new(&path, &dir, uid, gid) {
+            let _ = self.source.unlink(&path);
+            return Err(e);
+        }
+        self.entry_after_create(&path)
+    }
+
+    pub fn readlink(&self, id: u64) -> Result<Vec<u8>> {
+        self.source.readlink(&self.inode(id)?.path()).map_err(errno)
+    }
+
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let path = child(&self.inode(parent)?.path(), name)?;
+        let before = self.source.stat(&path).map_err(errno)?;
+        self.source.unlink(&path).map_err(errno)?;
+        if before.nlink <= 1 {
+            if let Some(inode) = self.find_inode(&path, &before) {
+                self.inodes.unlinked(&inode);
+            }
+        }
+        if let Err(e) = self.cache.remove(&path) {
+            tracing::warn!(?path, "cannot drop cache entry: {e}");
+        }
+        Ok(())
+    }
+
+    fn find_inode(&self, path: &Path, st: &Stat) -> Option<Arc<Inode>> {
+        // A lookup+forget pair finds the entry without changing its count.
+        let inode = self.inodes.lookup(path, st);
+        self.inodes.forget(inode.id, 1);
+        self.inodes.get(inode.id)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let path = child(&self.inode(parent)?.path(), name)?;
+        self.source.rmdir(&path).map_err(errno)?;
+        if let Err(e) = self.cache.remove(&path) {
+            tracing::warn!(?path, "cannot drop cache entry: {e}");
+        }
+        Ok(())
+    }
+
+    pub fn rename(&self, parent: u64, name: &OsStr, newparent: u64, newname: &OsStr, flags: u32) -> Result<()> {
+        let from = child(&self.inode(parent)?.path(), name)?;
+        let to = child(&self.inode(newparent)?.path(), newname)?;
+        let before = self.source.stat(&from).ok();
+        self.source.rename(&from, &to, flags).map_err(errno)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        self.inodes.renamed(&from, &to, exchange);
+        self.cache.rename(&from, &to, flags);
+        // rename changes the file's ctime: keep its cache record matching (our own change).
+        if let Some(before) = before.filter(|b| b.is_file()) {
+            if let Ok(after) = self.source.stat(&to) {
+                self.own_change(&to, &before, &after);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn link(&self, id: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr> {
+        let from = self.inode(id)?.path();
+        let to = child(&self.inode(newparent)?.path(), newname)?;
+        let before = self.source.stat(&from).map_err(errno)?;
+        self.source.link(&from, &to).map_err(errno)?;
+        let st = self.source.stat(&to).map_err(errno)?;
+        if before.is_file() {
+            self.own_change(&from, &before, &st);
+        }
+        let inode = self.inodes.lookup(&to, &st);
+        // Keep the old name as the path: the cache entry lives under it.
+        *inode.path.lock().unwrap() = from;
+        Ok(attr_of(inode.id, &st))
+    }
+
+    pub fn setattr(&self, id: u64, fh: Option<u64>, attr: SetAttr) -> Result<FileAttr> {
+        let inode = self.inode(id)?;
+        let path = inode.path();
+        let handle = fh.and_then(|fh| self.handle(fh).ok());
+        let src_fd = handle.as_ref().and_then(|h| h.source.as_ref());
+        let before = match src_fd {
+            Some(f) => fstat(f.as_fd()),
+            None => self.source.stat(&path),
+        }
+        .map_err(errno)?;
+        if let Some(size) = attr.size {
+            if !before.is_file() {
+                return Err(if before.is_dir() { Errno::EISDIR } else { Errno::EINVAL });
+            }
+            return self.truncate(&inode, &path, src_fd, size, attr);
+        }
+        self.source.set_attr(&path, None, &attr).map_err(errno)?;
+        let after = self.source.stat(&path).map_err(errno)?;
+        if after.is_file() {
+            self.own_change(&path, &before, &after);
+        }
+        Ok(attr_of(id, &after))
+    }
+
+    /// A change made through the mount that moved ctime/mtime but not the data (chmod,
+    /// utimens, rename, link): the cached data stays valid, so its identity follows.
+    fn own_change(&self, path: &Path, before: &Stat, after: &Stat) {
+        let inode = self.find_inode(path, after);
+        if let Some(inode) = &inode {
+            let mut guard = inode.file();
+            if let Some(state) = guard.as_mut() {
+                if state.record.identity == SourceIdentity::of(before) || state.written {
+                    state.record.identity = SourceIdentity::of(after);
+                    if !state.written {
+                        self.persist_record(state, false);
+                    }
+                }
+                return;
+            }
+        }
+        // Not open: update the record on disk if it matched the old version.
+        let Ok(files) = self.cache.open_files(path) else { return };
+        if let Ok(Some(Ok(mut rec))) = read_record(&files.meta) {
+            if !rec.dirty && rec.identity == SourceIdentity::of(before) && before.size == after.size {
+                rec.identity = SourceIdentity::of(after);
+                let _ = write_record(&files.meta, &rec, false);
+            }
+        }
+    }
+
+    fn truncate(&self, inode: &Arc<Inode>, path: &Path, fd: Option<&File>, size: u64, attr: SetAttr) -> Result<FileAttr> {
+        let mut guard = inode.file();
+        if let Some(state) = guard.as_mut() {
+            self.mark_written(state);
+        }
+        let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
+        let after = match fd {
+            Some(f) => fstat(f.as_fd()),
+            None => self.source.stat(path),
+        };
+        match guard.as_mut() {
+            Some(state) => {
+                if r.is_err() || after.is_err() {
+                    self.drop_cached(state);
+                } else {
+                    let after = after.as_ref().unwrap();
+                    let ok = state
+                        .files
+                        .as_ref()
+                        .map(|f| f.data.set_len(size))
+                        .transpose()
+                        .is_ok();
+                    if ok && after.size == size {
+                        state.record.resize(size);
+                        state.record.identity = SourceIdentity::of(after);
+                    } else {
+                        self.drop_cached(state);
+                    }
+                }
+            }
+            None => {
+                if let Err(e) = self.cache.remove(path) {
+                    tracing::warn!(?path, "cannot drop cache entry: {e}");
+                }
+            }
+        }
+        r.map_err(errno)?;
+        Ok(attr_of(inode.id, &after.map_err(errno)?))
+    }
+
+    pub fn statfs(&self) -> Result<libc::statvfs> {
+        self.source.statvfs().map_err(errno)
+    }
+
+    // ---------------------------------------------------------------- xattrs
+
+    pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> Result<Vec<u8>> {
+        let path = self.inode(id)?.path();
+        self.source.getxattr(&path, name, size as usize).map_err(errno)
+    }
+
+    pub fn listxattr(&self, id: u64, size: u32) -> Result<Vec<u8>> {
+        let path = self.inode(id)?.path();
+        self.source.listxattr(&path, size as usize).map_err(errno)
+    }
+
+    pub fn setxattr(&self, id: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        let path = self.inode(id)?.path();
+        let before = self.source.stat(&path).ok();
+        self.source.setxattr(&path, name, value, flags).map_err(errno)?;
+        if let (Some(b), Ok(a)) = (before.filter(|b| b.is_file()), self.source.stat(&path)) {
+            self.own_change(&path, &b, &a);
+        }
+        Ok(())
+    }
+
+    pub fn removexattr(&self, id: u64, name: &OsStr) -> Result<()> {
+        let path = self.inode(id)?.path();
+        let before = self.source.stat(&path).ok();
+        self.source.removexattr(&path, name).map_err(errno)?;
+        if let (Some(b), Ok(a)) = (before.filter(|b| b.is_file()), self.source.stat(&path)) {
+            self.own_change(&path, &b, &a);
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- directories
+
+    pub fn opendir(&self, id: u64) -> Result<u64> {
+        let inode = self.inode(id)?;
+        let path = inode.path();
+        let entries = self.source.read_dir(&path).map_err(errno)?;
+        let mut list = Vec::with_capacity(entries.len() + 2);
+        list.push(ListEntry { ino: id, kind: FileType::Directory, name: ".".into() });
+        list.push(ListEntry { ino: id, kind: FileType::Directory, name: "..".into() });
+        for e in entries {
+            list.push(ListEntry {
+                ino: e.ino,
+                kind: if e.file_type == 0 { FileType::RegularFile } else { kind_of(e.file_type) },
+                name: e.name,
+            });
+        }
+        let fh = self.new_fh();
+        self.dirs.lock().unwrap().insert(fh, Arc::new(list));
+        Ok(fh)
+    }
+
+    pub fn dir_entries(&self, fh: u64) -> Result<Arc<Vec<ListEntry>>> {
+        self.dirs.lock().unwrap().get(&fh).cloned().ok_or(Errno::EBADF)
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.lock().unwrap().remove(&fh);
+    }
+
+    // ---------------------------------------------------------------- open files
+
+    pub fn create(&self, parent: u64, name: &OsStr, mode: u32, flags: i32, uid: u32, gid: u32) -> Result<(FileAttr, Opened)> {
+        let dir = self.inode(parent)?.path();
+        let path = child(&dir, name)?;
+        let file = self
+            .source
+            .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
+            .map_err(errno)?;
+        let attr = self.finish_create(&path, &dir, mode, uid, gid)?;
+        let inode = self.inode(attr.ino.0)?;
+        let st = fstat(file.as_fd()).map_err(errno)?;
+        // A new file is fully known: cache it empty and complete.
+        {
+            let mut guard = inode.file();
+            if guard.is_none() {
+                let (state, _) = self.load_state(&path, &st, true);
+                *guard = Some(state);
+            }
+            let state = guard.as_mut().unwrap();
+            state.daemon_opens += 1;
+        }
+        let fh = self.new_fh();
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.handles.lock().unwrap().insert(
+            fh,
+            Arc::new(Handle { inode, source: Some(file), writable, passthrough: None }),
+        );
+        Ok((attr, Opened { fh, flags: FopenFlags::empty(), backing: None }))
+    }
+
+    /// Flags for opening the source: the caller's access mode and sync flags. Offsets come
+    /// from the kernel, so O_APPEND is not passed; O_TRUNC arrives as a setattr.
+    fn source_flags(flags: i32) -> i32 {
+        let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
+        let acc = if flags & libc::O_ACCMODE == libc::O_WRONLY {
+            // We may need to read back for the cache: open read-write when asked to write.
+            libc::O_RDWR
+        } else {
+            flags & libc::O_ACCMODE
+        };
+        (flags & keep & !libc::O_ACCMODE & !libc::O_NOATIME) | acc
+    }
+
+    /// Opens a regular file. `make_backing` registers a cache file for passthrough.
+    pub fn open(
+        &self,
+        id: u64,
+        flags: i32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        let inode = self.inode(id)?;
+        let path = inode.path();
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let st = self.source.stat(&path).map_err(errno)?;
+        if !st.is_file() {
+            return Err(Errno::EINVAL);
+        }
+        let mut guard = inode.file();
+        let mut fresh = false;
+        let mut keep_cache = true;
+        match guard.as_mut() {
+            None => {
+                let (state, reset) = self.load_state(&path, &st, false);
+                keep_cache = !reset;
+                fresh = true;
+                *guard = Some(state);
+            }
+            Some(state) => {
+                if self.cfg.stale_check && !state.written && state.record.identity != SourceIdentity::of(&st) {
+                    self.stale(state, &st);
+                    keep_cache = false;
+                }
+            }
+        }
+        if !keep_cache && !fresh {
+            (self.invalidate)(id);
+        }
+        let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
+
+        if writable {
+            // The kernel refuses a non-passthrough open while passthrough opens exist, and
+            // passthrough writes would bypass the source. Wait for releases in flight.
+            let deadline = Instant::now() + PASSTHROUGH_RELEASE_WAIT;
+            while guard.as_ref().unwrap().passthrough_opens > 0 {
+                if Instant::now() > deadline {
+                    self.release_if_unused(&mut guard);
+                    return Err(Errno::ETXTBSY);
+                }
+                drop(guard);
+                std::thread::sleep(Duration::from_millis(2));
+                guard = inode.file();
+                if guard.is_none() {
+                    let (state, _) = self.load_state(&path, &st, false);
+                    *guard = Some(state);
+                }
+            }
+        }
+        let state = guard.as_mut().unwrap();
+
+        let source = if writable || !state.complete() {
+            match self.source.open_file(&path, Self::source_flags(flags)) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    self.release_if_unused(&mut guard);
+                    return Err(errno(e));
+                }
+            }
+        } else {
+            None
+        };
+        if !state.complete() && state.fetch_src.is_none() {
+            state.fetch_src = self.source.open_file(&path, libc::O_RDONLY).ok();
+        }
+        // Small files are fetched whole on first open (xCachefs' threshold).
+        let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
+        if readable && state.files.is_some() && !state.record.is_complete()
+            && state.record.identity.size <= self.cfg.whole_file_threshold
+        {
+            self.fetch_all(state);
+        }
+        if was_complete {
+            Stats::add(&self.stats.cache.open_hits, 1);
+        } else {
+            Stats::add(&self.stats.cache.open_misses, 1);
+        }
+
+        let mut backing = None;
+        if !writable && state.complete() && state.daemon_opens == 0 && self.passthrough_enabled() {
+            let existing = state.backing.upgrade();
+            let b = match existing {
+                Some(b) => Some(b),
+                None => match make_backing(&state.files.as_ref().unwrap().data) {
+                    Ok(b) => {
+                        let b = Arc::new(b);
+                        state.backing = Arc::downgrade(&b);
+                        Some(b)
+                    }
+                    Err(e) => {
+                        tracing::warn!("passthrough unavailable ({e}); reads go through the daemon");
+                        self.disable_passthrough();
+                        None
+                    }
+                },
+            };
+            backing = b;
+        }
+        let fopen = if backing.is_some() {
+            state.passthrough_opens += 1;
+            Stats::add(&self.stats.cache.passthrough_opens, 1);
+            FopenFlags::FOPEN_PASSTHROUGH
+        } else {
+            state.daemon_opens += 1;
+            if keep_cache { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() }
+        };
+        drop(guard);
+        let fh = self.new_fh();
+        self.handles.lock().unwrap().insert(
+            fh,
+            Arc::new(Handle { inode, source, writable, passthrough: backing.clone() }),
+        );
+        Ok(Opened { fh, flags: fopen, backing })
+    }
+
+    /// Drops a state that no handle uses (after a failed open).
+    fn release_if_unused(&self, guard: &mut Option<FileState>) {
+        if let Some(state) = guard.as_mut() {
+            if state.daemon_opens + state.passthrough_opens == 0 {
+                self.checkpoint(state);
+                *guard = None;
+            }
+        }
+    }
+
+    /// Loads the cache state of `path` from its record, checking it against `st`. Returns
+    /// the state and whether cached data was discarded. With `new_file`, the file was
+    /// just created by us and any old cache entry under its name is dropped.
+    fn load_state(&self, path: &Path, st: &Stat, new_file: bool) -> (FileState, bool) {
+        let identity = SourceIdentity::of(st);
+        let mut state = FileState {
+            files: None,
+            record: CacheRecord::empty(identity, self.cfg.chunk_size),
+            fetch_src: None,
+            daemon_opens: 0,
+            passthrough_opens: 0,
+            backing: Weak::new(),
+            unsynced: 0,
+            written: false,
+        };
+        let files = match self.cache.open_files(path) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(?path, "cache unusable for this file: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                return (state, true);
+            }
+        };
+        let data_len = files.data.metadata().map(|m| m.len()).ok();
+        let mut reset = true;
+        match read_record(&files.meta) {
+            Ok(Some(Ok(rec))) if !new_file => {
+                let matches = !rec.dirty
+                    && (rec.identity == identity || !self.cfg.stale_check)
+                    && data_len == Some(rec.identity.size);
+                if matches {
+                    state.record = rec;
+                    reset = false;
+                } else {
+                    Stats::add(&self.stats.cache.stale_invalidations, 1);
+                }
+            }
+            Ok(Some(Err(e))) => {
+                tracing::warn!(?path, "discarding cache record: {e}");
+                Stats::add(&self.stats.cache.corrupt_records, 1);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(?path, "cannot read cache record: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+            }
+        }
+        state.files = Some(files);
+        if reset {
+            self.reset(&mut state, st);
+        }
+        state.record.last_used = now_secs();
+        (state, reset)
+    }
+
+    /// The source changed behind the mount while the file was open.
+    fn stale(&self, state: &mut FileState, st: &Stat) {
+        Stats::add(&self.stats.cache.stale_invalidations, 1);
+        self.reset(state, st);
+    }
+
+    /// Empties the cache of a file for a new source version. The record is rewritten
+    /// first (durably), so no crash can pair old bytes with the new version.
+    fn reset(&self, state: &mut FileState, st: &Stat) {
+        state.record = CacheRecord::empty(SourceIdentity::of(st), self.cfg.chunk_size);
+        state.unsynced = 0;
+        state.written = false;
+        let Some(files) = &state.files else { return };
+        let r = write_record(&files.meta, &state.record, true)
+            .and_then(|_| files.data.set_len(0))
+            .and_then(|_| files.data.set_len(st.size));
+        if let Err(e) = r {
+            tracing::warn!("cannot reset cache file: {e}");
+            Stats::add(&self.stats.cache.cache_errors, 1);
+            state.files = None;
+        }
+    }
+
+    /// Stops using the cache for this open file (after a failed cache write or an
+    /// inconsistent source): the record is made empty so nothing stale is ever served.
+    fn drop_cached(&self, state: &mut FileState) {
+        let identity = state.record.identity;
+        state.record = CacheRecord::empty(identity, state.record.chunk_size);
+        if let Some(files) = &state.files {
+            if write_record(&files.meta, &state.record, true).is_err() {
+                state.files = None;
+            }
+        }
+        state.unsynced = 0;
+    }
+
+    /// Before the first write of an open session: the on-disk record says "dirty", durably,
+    /// so that a crash between the source write and the cache write cannot leave a record
+    /// that claims the old bytes are current.
+    fn mark_written(&self, state: &mut FileState) {
+        if state.written {
+            return;
+        }
+        state.written = true;
+        state.record.dirty = true;
+        if let Some(files) = &state.files {
+            if let Err(e) = write_record(&files.meta, &state.record, true) {
+                tracing::warn!("cannot mark cache record dirty: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                state.files = None;
+            }
+        }
+    }
+
+    /// Makes fetched chunks and written data durable and the record match them.
+    fn checkpoint(&self, state: &mut FileState) {
+        if state.unsynced == 0 && !state.written {
+            return;
+        }
+        let Some(files) = &state.files else {
+            state.unsynced = 0;
+            return;
+        };
+        let r = files.data.sync_data().and_then(|_| {
+            state.record.dirty = false;
+            write_record(&files.meta, &state.record, true)
+        });
+        match r {
+            Ok(()) => {
+                Stats::add(&self.stats.cache.checkpoints, 1);
+                state.unsynced = 0;
+                state.written = false;
+            }
+            Err(e) => {
+                tracing::warn!("cache checkpoint failed: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                state.record.dirty = true;
+                state.files = None;
+            }
+        }
+    }
+
+    fn persist_record(&self, state: &mut FileState, durable: bool) {
+        if let Some(files) = &state.files {
+            if write_record(&files.meta, &state.record, durable).is_err() {
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                state.files = None;
+            }
+        }
+    }
+
+    /// Fetches chunk `c` from the source into the cache file.
+    fn fetch_chunk(&self, state: &mut FileState, c: u64) -> io::Result<()> {
+        let cs = state.record.chunk_size;
+        let size = state.record.identity.size;
+        let off = c * cs;
+        let len = cs.min(size - off) as usize;
+        let src = state
+            .fetch_src
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
+        let mut buf = vec![0u8; len];
+        let n = read_full(src, &mut buf, off)?;
+        Stats::add(&self.stats.cache.bytes_from_source, n as u64);
+        if n < len {
+            // The source is shorter than the version we cache: it changed under us.
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        let files = state.files.as_ref().ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
+        files.data.write_all_at(&buf, off)?;
+        state.record.set_present(c, true);
+        state.unsynced += 1;
+        Stats::add(&self.stats.cache.chunks_fetched, 1);
+        if state.unsynced >= self.cfg.checkpoint_chunks || state.record.is_complete() {
+            self.checkpoint(state);
+        }
+        Ok(())
+    }
+
+    fn fetch_all(&self, state: &mut FileState) {
+        for c in 0..state.record.nchunks() {
+            if state.files.is_none() {
+                return;
+            }
+            if !state.record.is_present(c) {
+                if let Err(e) = self.fetch_chunk(state, c) {
+                    tracing::debug!("whole-file fetch stopped: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        let mut guard = h.inode.file();
+        let state = guard.as_mut().ok_or(Errno::EBADF)?;
+        let file_size = state.record.identity.size;
+        if offset >= file_size || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = file_size.min(offset + size as u64);
+        if state.files.is_some() {
+            let cs = state.record.chunk_size;
+            let mut missed = false;
+            let mut ok = true;
+            for c in offset / cs..=(end - 1) / cs {
+                if !state.record.is_present(c) {
+                    missed = true;
+                    if let Err(e) = self.fetch_chunk(state, c) {
+                        tracing::debug!("fetch of chunk {c} failed: {e}; reading the source directly");
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                let mut buf = vec![0u8; (end - offset) as usize];
+                let files = state.files.as_ref().unwrap();
+                match read_full(&files.data, &mut buf, offset) {
+                    Ok(n) if n == buf.len() => {
+                        let counter = if missed { &self.stats.cache.read_misses } else { &self.stats.cache.read_hits };
+                        Stats::add(counter, 1);
+                        Stats::add(&self.stats.cache.bytes_from_cache, n as u64);
+                        return Ok(buf);
+                    }
+                    Ok(_) | Err(_) => {
+                        Stats::add(&self.stats.cache.cache_errors, 1);
+                        self.drop_cached(state);
+                    }
+                }
+            }
+        }
+        // Uncached path: straight from the source.
+        Stats::add(&self.stats.cache.read_misses, 1);
+        let src = h.source.as_ref().or(state.fetch_src.as_ref()).ok_or(Errno::EIO)?;
+        let mut buf = vec![0u8; size as usize];
+        let n = read_full(src, &mut buf, offset).map_err(errno)?;
+        buf.truncate(n);
+        Stats::add(&self.stats.cache.bytes_from_source, n as u64);
+        Ok(buf)
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let h = self.handle(fh)?;
+        let src = h.source.as_ref().filter(|_| h.writable).ok_or(Errno::EBADF)?;
+        let mut guard = h.inode.file();
+        let state = guard.as_mut().ok_or(Errno::EBADF)?;
+        self.mark_written(state);
+        if let Err(e) = src.write_all_at(data, offset) {
+            // Part of the range may have reached the source: forget what we knew of it.
+            self.drop_cached(state);
+            return Err(errno(e));
+        }
+        Stats::add(&self.stats.cache.bytes_written, data.len() as u64);
+        let after = fstat(src.as_fd()).map_err(errno)?;
+        let end = offset + data.len() as u64;
+        if state.files.is_some() {
+            let files = state.files.as_ref().unwrap();
+            let old_size = state.record.identity.size;
+            let expected = old_size.max(end);
+            let r = (|| -> io::Result<()> {
+                if end > old_size {
+                    files.data.set_len(end)?;
+                }
+                files.data.write_all_at(data, offset)
+            })();
+            if r.is_err() || after.size != expected {
+                // A cache error, or someone else changed the source's size meanwhile.
+                if r.is_err() {
+                    Stats::add(&self.stats.cache.cache_errors, 1);
+                }
+                self.drop_cached(state);
+                if after.size != expected {
+                    let _ = state.files.as_ref().map(|f| f.data.set_len(after.size));
+                    state.record.resize(after.size);
+                    // Only what was written is known; the rest must be fetched.
+                    for c in 0..state.record.nchunks() {
+                        state.record.set_present(c, false);
+                    }
+                }
+            } else {
+                state.record.resize(end.max(old_size));
+                // Chunks wholly covered by the write now hold the source's bytes.
+                let cs = state.record.chunk_size;
+                let first_full = offset.div_ceil(cs);
+                let last_full = if end == after.size { chunk_count(end, cs) } else { end / cs };
+                for c in first_full..last_full {
+                    state.record.set_present(c, true);
+                }
+            }
+        }
+        state.record.identity = SourceIdentity::of(&after);
+        Ok(data.len() as u32)
+    }
+
+    pub fn flush(&self, id: u64, lock_owner: u64) -> Result<()> {
+        // close() drops the caller's POSIX locks on this file, as on a local file system.
+        let lock = self.locks.lock().unwrap().remove(&(id, lock_owner));
+        drop(lock);
+        Ok(())
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        let h = self.handle(fh)?;
+        let mut guard = h.inode.file();
+        if let Some(src) = h.source.as_ref() {
+            let r = if datasync { src.sync_data() } else { src.sync_all() };
+            r.map_err(errno)?;
+        }
+        if let Some(state) = guard.as_mut() {
+            self.checkpoint(state);
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) -> Result<()> {
+        let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
+            return Err(Errno::EBADF);
+        };
+        let mut guard = h.inode.file();
+        if let Some(state) = guard.as_mut() {
+            if h.passthrough.is_some() {
+                state.passthrough_opens -= 1;
+            } else {
+                state.daemon_opens -= 1;
+            }
+            if state.daemon_opens + state.passthrough_opens == 0 {
+                state.record.last_used = now_secs();
+                if state.unsynced == 0 && !state.written {
+                    self.persist_record(state, false);
+                } else {
+                    self.checkpoint(state);
+                }
+                *guard = None;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let h = self.handle(fh)?;
+        let src = h.source.as_ref().ok_or(Errno::EBADF)?;
+        let mut guard = h.inode.file();
+        if let Some(state) = guard.as_mut() {
+            self.mark_written(state);
+        }
+        let r = unsafe {
+            libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(src), mode, offset as i64, length as i64)
+        };
+        let res = if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) };
+        if let Some(state) = guard.as_mut() {
+            let after = fstat(src.as_fd());
+            let same_on_cache = res.is_ok()
+                && mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) == 0
+                && state.files.as_ref().is_some_and(|f| unsafe {
+                    libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f.data), mode, offset as i64, length as i64) == 0
+                });
+            match after {
+                Ok(after) if same_on_cache => {
+                    state.record.resize(after.size);
+                    state.record.identity = SourceIdentity::of(&after);
+                }
+                Ok(after) => {
+                    self.drop_cached(state);
+                    let _ = state.files.as_ref().map(|f| f.data.set_len(after.size));
+                    state.record.resize(after.size);
+                    for c in 0..state.record.nchunks() {
+                        state.record.set_present(c, false);
+                    }
+                    state.record.identity = SourceIdentity::of(&after);
+                }
+                Err(_) => self.drop_cached(state),
+            }
+        }
+        res.map_err(errno)
+    }
+
+    /// SEEK_DATA / SEEK_HOLE answered by the source, which knows its holes.
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        let h = self.handle(fh)?;
+        let owned;
+        let src = match &h.source {
+            Some(s) => s,
+            None => {
+                owned = self.source.open_file(&h.inode.path(), libc::O_RDONLY).map_err(errno)?;
+                &owned
+            }
+        };
+        let r = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(src), offset, whence) };
+        if r < 0 {
+            return Err(errno(io::Error::last_os_error()));
+        }
+        Ok(r)
+    }
+
+    // ---------------------------------------------------------------- locks
+
+    fn lock_file(&self, id: u64, owner: u64, fh: u64) -> Result<File> {
+        let mut locks = self.locks.lock().unwrap();
+        if let Some(f) = locks.get(&(id, owner)) {
+            return crate::source::dup_file(f.as_fd()).map_err(errno);
+        }
+        let h = self.handle(fh)?;
+        // OFD locks need a descriptor open for the lock's type: read-write where possible.
+        let f = self
+            .source
+            .open_file(&h.inode.path(), libc::O_RDWR)
+            .or_else(|_| self.source.open_file(&h.inode.path(), libc::O_RDONLY))
+            .map_err(errno)?;
+        let dup = crate::source::dup_file(f.as_fd()).map_err(errno)?;
+        locks.insert((id, owner), f);
+        Ok(dup)
+    }
+
+    fn flock_struct(start: u64, end: u64, typ: i32) -> libc::flock {
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = start as i64;
+        fl.l_len = if end == u64::MAX || end >= i64::MAX as u64 { 0 } else { (end - start + 1) as i64 };
+        fl
+    }
+
+    pub fn getlk(&self, id: u64, fh: u64, owner: u64, start: u64, end: u64, typ: i32) -> Result<(u64, u64, i32, u32)> {
+        let f = self.lock_file(id, owner, fh)?;
+        let mut fl = Self::flock_struct(start, end, typ);
+        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::F_OFD_GETLK, &mut fl) };
+        if r < 0 {
+            return Err(errno(io::Error::last_os_error()));
+        }
+        let s = fl.l_start as u64;
+        let e = if fl.l_len == 0 { u64::MAX } else { s + fl.l_len as u64 - 1 };
+        Ok((s, e, fl.l_type as i32, 0))
+    }
+
+    pub fn setlk(&self, id: u64, fh: u64, owner: u64, start: u64, end: u64, typ: i32, sleep: bool) -> Result<()> {
+        let f = self.lock_file(id, owner, fh)?;
+        let fl = Self::flock_struct(start, end, typ);
+        let cmd = if sleep { libc::F_OFD_SETLKW } else { libc::F_OFD_SETLK };
+        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), cmd, &fl) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // POSIX says EAGAIN or EACCES; the kernel's FUSE code expects EAGAIN.
+            return Err(if e.raw_os_error() == Some(libc::EACCES) { Errno::EAGAIN } else { errno(e) });
+        }
+        Ok(())
+    }
+
+    pub fn root_id(&self) -> u64 {
+        ROOT_ID
+    }
+}

@@ -1,0 +1,456 @@
+//! The only module that speaks fuser: turns each FUSE request into a `CachingFs` call,
+//! counts it, and turns the result into a reply or an errno.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::fs::CachingFs;
+use crate::source::{SetAttr, TimeSpec};
+use crate::stats::Op;
+
+pub struct FuseAdapter {
+    pub fs: Arc<CachingFs>,
+}
+
+const GEN: Generation = Generation(0);
+
+fn time_spec(t: TimeOrNow) -> TimeSpec {
+    match t {
+        TimeOrNow::Now => TimeSpec::Now,
+        TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => TimeSpec::At(d.as_secs() as i64, d.subsec_nanos()),
+            Err(e) => {
+                let d = e.duration();
+                let (mut s, mut ns) = (-(d.as_secs() as i64), d.subsec_nanos());
+                if ns > 0 {
+                    s -= 1;
+                    ns = 1_000_000_000 - ns;
+                }
+                TimeSpec::At(s, ns)
+            }
+        },
+    }
+}
+
+impl FuseAdapter {
+    fn entry(&self, reply: ReplyEntry, r: crate::fs::Result<fuser::FileAttr>) {
+        let c = &self.fs.cfg;
+        match r {
+            Ok(attr) => reply.entry_with_ttls(&c.attr_ttl, &c.entry_ttl, &attr, GEN),
+            Err(e) if e == Errno::ENOENT && !c.negative_ttl.is_zero() => {
+                // Node id 0 is a negative entry: the kernel remembers the name is absent.
+                let mut attr = crate::fs::attr_of(0, &crate::source::Stat::from_libc(&unsafe { std::mem::zeroed() }));
+                attr.ino = INodeNo(0);
+                reply.entry_with_ttls(&Duration::ZERO, &c.negative_ttl, &attr, GEN)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn xattr(reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {
+        match r {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let caps = config.capabilities();
+        let mut want = InitFlags::FUSE_CACHE_SYMLINKS | InitFlags::FUSE_POSIX_LOCKS;
+        if self.fs.passthrough_enabled() {
+            if caps.contains(InitFlags::FUSE_PASSTHROUGH) {
+                want |= InitFlags::FUSE_PASSTHROUGH;
+                // One level below us (the cache file system) and one above (e.g. overlayfs).
+                let _ = config.set_max_stack_depth(2);
+            } else {
+                tracing::warn!("kernel has no FUSE passthrough; cached reads go through the daemon");
+                self.fs.disable_passthrough();
+            }
+        }
+        let want = want & caps;
+        if let Err(missing) = config.add_capabilities(want) {
+            tracing::warn!("kernel lacks capabilities {missing:?}");
+        }
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.fs.stats.count(Op::Lookup);
+        self.entry(reply, self.fs.lookup(parent.0, name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.stats.count(Op::Forget);
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.fs.stats.count(Op::Getattr);
+        match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
+            Ok(attr) => reply.attr(&self.fs.cfg.attr_ttl, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.fs.stats.count(Op::Setattr);
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_spec),
+            mtime: mtime.map(time_spec),
+        };
+        match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
+            Ok(attr) => reply.attr(&self.fs.cfg.attr_ttl, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.fs.stats.count(Op::Readlink);
+        match self.fs.readlink(ino.0) {
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.fs.stats.count(Op::Mknod);
+        self.entry(reply, self.fs.mknod(parent.0, name, mode, rdev, req.uid(), req.gid()));
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        self.fs.stats.count(Op::Mkdir);
+        self.entry(reply, self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.fs.stats.count(Op::Unlink);
+        Self::empty(reply, self.fs.unlink(parent.0, name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.fs.stats.count(Op::Rmdir);
+        Self::empty(reply, self.fs.rmdir(parent.0, name));
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        self.fs.stats.count(Op::Symlink);
+        self.entry(reply, self.fs.symlink(parent.0, link_name, target, req.uid(), req.gid()));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.stats.count(Op::Rename);
+        Self::empty(reply, self.fs.rename(parent.0, name, newparent.0, newname, flags.bits()));
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.fs.stats.count(Op::Link);
+        self.entry(reply, self.fs.link(ino.0, newparent.0, newname));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.fs.stats.count(Op::Open);
+        let r = self.fs.open(ino.0, flags.0, &|f| reply.open_backing(f));
+        match r {
+            Ok(o) => match &o.backing {
+                Some(b) => reply.opened_passthrough(FileHandle(o.fh), o.flags, b),
+                None => reply.opened(FileHandle(o.fh), o.flags),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.fs.stats.count(Op::Read);
+        match self.fs.read(fh.0, offset, size) {
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        self.fs.stats.count(Op::Write);
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        self.fs.stats.count(Op::Flush);
+        Self::empty(reply, self.fs.flush(ino.0, lock_owner.0));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.stats.count(Op::Release);
+        if let Some(owner) = lock_owner {
+            let _ = self.fs.flush(ino.0, owner.0);
+        }
+        Self::empty(reply, self.fs.release(fh.0));
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.fs.stats.count(Op::Fsync);
+        Self::empty(reply, self.fs.fsync(fh.0, datasync));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.fs.stats.count(Op::Opendir);
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        self.fs.stats.count(Op::Readdir);
+        match self.fs.dir_entries(fh.0) {
+            Ok(list) => {
+                for (i, e) in list.iter().enumerate().skip(offset as usize) {
+                    if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.fs.stats.count(Op::Releasedir);
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.fs.stats.count(Op::Fsyncdir);
+        // Namespace changes were made on the source by the calls themselves; a directory
+        // fsync there needs a descriptor of the directory.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.fs.stats.count(Op::Statfs);
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.stats.count(Op::Setxattr);
+        Self::empty(reply, self.fs.setxattr(ino.0, name, value, flags));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.fs.stats.count(Op::Getxattr);
+        Self::xattr(reply, size, self.fs.getxattr(ino.0, name, size));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.fs.stats.count(Op::Listxattr);
+        Self::xattr(reply, size, self.fs.listxattr(ino.0, size));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.fs.stats.count(Op::Removexattr);
+        Self::empty(reply, self.fs.removexattr(ino.0, name));
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Only reached without default_permissions, which hoardfs always sets.
+        self.fs.stats.count(Op::Access);
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.fs.stats.count(Op::Create);
+        match self.fs.create(parent.0, name, mode, flags, req.uid(), req.gid()) {
+            Ok((attr, o)) => reply.created(&self.fs.cfg.entry_ttl, &attr, GEN, FileHandle(o.fh), o.flags),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        self.fs.stats.count(Op::Getlk);
+        match self.fs.getlk(ino.0, fh.0, lock_owner.0, start, end, typ) {
+            Ok((s, e, t, _)) => reply.locked(s, e, t, if t == libc::F_UNLCK { 0 } else { pid }),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.stats.count(Op::Setlk);
+        if sleep {
+            // A blocking lock may wait for a long time: never on a request thread.
+            let fs = self.fs.clone();
+            std::thread::spawn(move || {
+                Self::empty(reply, fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, true))
+            });
+        } else {
+            Self::empty(reply, self.fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, false));
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.stats.count(Op::Fallocate);
+        Self::empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
+    }
+
+    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        self.fs.stats.count(Op::Lseek);
+        match self.fs.lseek(fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(e),
+        }
+    }
+}

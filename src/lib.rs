@@ -1,0 +1,12 @@
+//! hoardfs: a persistent caching file system. See docs/ARCHITECTURE.md for the tour.
+
+pub mod cache;
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod fs;
+pub mod fuse_adapter;
+pub mod inode;
+pub mod run;
+pub mod source;
+pub mod stats;

@@ -1,0 +1,36 @@
+//! `hoardfs`: thin entry point. Exit status 0 on success, 1 on any error (printed), 2 for
+//! bad usage (clap).
+
+use clap::Parser;
+use hoardfs::cli::{Cli, Command};
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HOARDFS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Some(Command::Stats { mountpoint, json }) => hoardfs::control::request_stats(&mountpoint).map(|s| {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap());
+            } else {
+                print!("{}", s.table());
+            }
+        }),
+        None => match cli.mount.into_config() {
+            Ok(cfg) => hoardfs::run::mount(cfg),
+            Err(e) => {
+                eprintln!("hoardfs: {e}");
+                std::process::exit(2);
+            }
+        },
+    };
+    if let Err(e) = result {
+        eprintln!("hoardfs: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,135 @@
+//! Wiring: validates the configuration, daemonizes, mounts, and serves until unmounted.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{mpsc, Arc, Mutex};
+
+use anyhow::Context;
+use fuser::{INodeNo, MountOption, Session, SessionACL};
+
+use crate::cache::CacheStore;
+use crate::config::Config;
+use crate::fs::CachingFs;
+use crate::fuse_adapter::FuseAdapter;
+
+/// Mounts and serves. Without `foreground`, returns in the parent once the mount is ready
+/// (exit status tells whether it is), while a detached child serves it.
+pub fn mount(cfg: Config) -> anyhow::Result<()> {
+    let cfg = cfg.validate()?;
+    // Everything that can fail for a bad invocation fails here, on the user's terminal.
+    let store = CacheStore::open(&cfg.cache_dir)?;
+    // Modes from the kernel are already masked by the caller's umask.
+    rustix::process::umask(rustix::fs::Mode::empty());
+
+    let mut ready = if cfg.foreground { None } else { Some(daemonize()?) };
+    let result = serve(cfg.clone(), store, &mut ready);
+    if let (Err(e), Some(ready)) = (&result, ready) {
+        let _ = write!(std::fs::File::from(ready), "{e:#}");
+    }
+    result
+}
+
+/// Forks; the parent waits for the child's word on a pipe and exits with it.
+fn daemonize() -> anyhow::Result<OwnedFd> {
+    let (rd, wr) = rustix::pipe::pipe().context("pipe")?;
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()).context("fork"),
+        0 => {
+            drop(rd);
+            let _ = rustix::process::setsid();
+            Ok(wr)
+        }
+        _ => {
+            drop(wr);
+            let mut msg = String::new();
+            let _ = std::fs::File::from(rd).read_to_string(&mut msg);
+            if msg == "ready" {
+                std::process::exit(0);
+            }
+            if msg.is_empty() {
+                msg = "the mount process died before the mount was ready".into();
+            }
+            eprintln!("hoardfs: {msg}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `ready` is taken (written and closed) once the mount answers; the parent waits for EOF.
+fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow::Result<()> {
+    let (inval_tx, inval_rx) = mpsc::channel::<u64>();
+    let inval_tx = Mutex::new(inval_tx);
+    let mut fs = CachingFs::new(cfg.clone(), store)?;
+    fs.set_invalidator(move |id| {
+        let _ = inval_tx.lock().unwrap().send(id);
+    });
+    let fs = Arc::new(fs);
+
+    let mut options = vec![
+        MountOption::FSName(cfg.source.display().to_string()),
+        MountOption::Subtype("hoardfs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    if cfg.read_only {
+        options.push(MountOption::RO);
+    }
+    let mut fuse_cfg = fuser::Config::default();
+    fuse_cfg.mount_options = options;
+    fuse_cfg.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
+    fuse_cfg.n_threads = Some(cfg.threads);
+    fuse_cfg.clone_fd = true;
+
+    let mut session = Session::new(FuseAdapter { fs: fs.clone() }, &cfg.mountpoint, &fuse_cfg)
+        .with_context(|| format!("cannot mount on {}", cfg.mountpoint.display()))?;
+
+    // Kernel invalidations run on their own thread: a notification sent from a request
+    // handler can deadlock against the kernel waiting for that very request.
+    let notifier = session.notifier();
+    std::thread::Builder::new().name("invalidate".into()).spawn(move || {
+        for id in inval_rx {
+            if let Err(e) = notifier.inval_inode(INodeNo(id), 0, 0) {
+                tracing::debug!("inval_inode({id}): {e}");
+            }
+        }
+    })?;
+
+    let mut unmounter = session.unmount_callable();
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!("signal {sig}: unmounting");
+            if let Err(e) = unmounter.unmount() {
+                tracing::warn!("unmount failed: {e}");
+            }
+        }
+    })?;
+
+    let snap_fs = fs.clone();
+    let socket = crate::control::serve(&cfg.mountpoint, move || snap_fs.snapshot())?;
+
+    if let Some(ready) = ready.take() {
+        redirect_stdio(&cfg)?;
+        std::fs::File::from(ready).write_all(b"ready")?;
+    }
+    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache = %cfg.cache_dir.display(), "mounted");
+    let r = session.run();
+    let _ = std::fs::remove_file(socket);
+    r.context("FUSE session failed")?;
+    tracing::info!("unmounted");
+    Ok(())
+}
+
+/// A daemon's output goes to `CACHE_DIR/hoardfs.log`.
+fn redirect_stdio(cfg: &Config) -> anyhow::Result<()> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(cfg.cache_dir.join("hoardfs.log"))?;
+    let null = std::fs::File::open("/dev/null")?;
+    unsafe {
+        libc::dup2(null.as_raw_fd(), 0);
+        libc::dup2(log.as_raw_fd(), 1);
+        libc::dup2(log.as_raw_fd(), 2);
+    }
+    Ok(())
+}

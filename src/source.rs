@@ -1,0 +1,584 @@
+//! Source access: every operation on the slow source directory goes through here.
+//!
+//! The daemon usually runs as root over a tree it does not control, so no path is ever
+//! resolved with plain `open(2)`: relative paths are resolved beneath the root with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`, and the final
+//! component is always acted on with an `*at` call that does not follow symlinks. A symlink
+//! planted in the source therefore can never lead the daemon out of it.
+//!
+//! Paths are relative to the root (`""` is the root). Paths longer than the kernel's
+//! `PATH_MAX` (possible inside a FUSE mount, where a process may `chdir` deep) are walked in
+//! pieces, one `openat2` per piece.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+
+/// Bytes of a relative path handed to one `openat2` call; well below `PATH_MAX`.
+const MAX_PATH_PIECE: usize = 3000;
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// Metadata of one source object, as `lstat` reports it (nanosecond times).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    pub mode: u32,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub blksize: u32,
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+}
+
+impl Stat {
+    pub fn from_libc(st: &libc::stat) -> Stat {
+        Stat {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mode: st.st_mode,
+            nlink: st.st_nlink,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: st.st_rdev,
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            blksize: st.st_blksize as u32,
+            atime: (st.st_atime, st.st_atime_nsec as u32),
+            mtime: (st.st_mtime, st.st_mtime_nsec as u32),
+            ctime: (st.st_ctime, st.st_ctime_nsec as u32),
+        }
+    }
+
+    pub fn file_type(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == libc::S_IFDIR
+    }
+
+    pub fn is_file(&self) -> bool {
+        self.file_type() == libc::S_IFREG
+    }
+}
+
+/// One directory entry as read from the source.
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    pub name: std::ffi::OsString,
+    pub ino: u64,
+    /// `S_IF*` type bits, or 0 when the file system does not say.
+    pub file_type: u32,
+}
+
+/// What `setattr` asks to change; `None` leaves a field alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSpec>,
+    pub mtime: Option<TimeSpec>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum TimeSpec {
+    Now,
+    At(i64, u32),
+}
+
+impl TimeSpec {
+    fn to_libc(self) -> libc::timespec {
+        match self {
+            TimeSpec::Now => libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_NOW,
+            },
+            TimeSpec::At(s, ns) => libc::timespec {
+                tv_sec: s,
+                tv_nsec: ns as i64,
+            },
+        }
+    }
+}
+
+/// Converts a libc return value into an `io::Result`.
+pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn rustix_err(e: rustix::io::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+/// Splits a relative path into its parent and final name. The root has no parent.
+pub fn split(rel: &Path) -> io::Result<(&Path, &OsStr)> {
+    let name = rel
+        .file_name()
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok((rel.parent().unwrap_or(Path::new("")), name))
+}
+
+/// Checks that a path is relative and has only normal components (no `..`, no `/`).
+pub fn check_relative(rel: &Path) -> io::Result<()> {
+    if rel
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)))
+    {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    }
+}
+
+/// A directory tree reached only beneath its root: used for both the source and the cache.
+#[derive(Debug)]
+pub struct BeneathRoot {
+    root: OwnedFd,
+    root_path: PathBuf,
+}
+
+impl BeneathRoot {
+    pub fn open(path: &Path) -> io::Result<BeneathRoot> {
+        let root = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(rustix_err)?;
+        Ok(BeneathRoot {
+            root,
+            root_path: path.to_path_buf(),
+        })
+    }
+
+    pub fn root_path(&self) -> &Path {
+        &self.root_path
+    }
+
+    pub fn root_fd(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    /// Opens `rel` beneath the root with `flags`, never following a symlink on the way or
+    /// at the end (`RESOLVE_NO_SYMLINKS` covers the final component too).
+    pub fn openat(&self, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
+        check_relative(rel)?;
+        let flags = flags | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let bytes = rel.as_os_str().as_bytes();
+        if bytes.is_empty() {
+            return rustix::fs::openat2(
+                &self.root,
+                ".",
+                flags,
+                Mode::from_raw_mode(mode),
+                RESOLVE,
+            )
+            .map_err(rustix_err);
+        }
+        if bytes.len() <= MAX_PATH_PIECE {
+            return rustix::fs::openat2(&self.root, rel, flags, Mode::from_raw_mode(mode), RESOLVE)
+                .map_err(rustix_err);
+        }
+        // Too long for one call: walk directories piece by piece.
+        let mut dir: Option<OwnedFd> = None;
+        let mut piece = PathBuf::new();
+        let comps: Vec<_> = rel.components().collect();
+        for (i, c) in comps.iter().enumerate() {
+            let last = i + 1 == comps.len();
+            if !last && piece.as_os_str().len() + c.as_os_str().len() + 1 <= MAX_PATH_PIECE {
+                piece.push(c);
+                continue;
+            }
+            if last {
+                piece.push(c);
+            }
+            let at = dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.root.as_fd());
+            let (f, m) = if last {
+                (flags, Mode::from_raw_mode(mode))
+            } else {
+                (
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                    Mode::empty(),
+                )
+            };
+            let fd = rustix::fs::openat2(at, &piece, f, m, RESOLVE).map_err(rustix_err)?;
+            if last {
+                return Ok(fd);
+            }
+            dir = Some(fd);
+            piece = PathBuf::from(c.as_os_str());
+        }
+        unreachable!("a non-empty path has a last component")
+    }
+
+    /// Opens the directory `rel` as an `O_PATH` handle for `*at` calls.
+    pub fn dir(&self, rel: &Path) -> io::Result<OwnedFd> {
+        self.openat(rel, OFlags::PATH | OFlags::DIRECTORY, 0)
+    }
+
+    /// Parent directory handle and final name of `rel`, for `*at` calls on the last component.
+    pub fn parent(&self, rel: &Path) -> io::Result<(OwnedFd, CString)> {
+        let (parent, name) = split(rel)?;
+        Ok((self.dir(parent)?, cstr(name)?))
+    }
+
+    pub fn stat(&self, rel: &Path) -> io::Result<Stat> {
+        if rel.as_os_str().is_empty() {
+            return fstat(self.root.as_fd());
+        }
+        let (dir, name) = self.parent(rel)?;
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        cvt(unsafe {
+            libc::fstatat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(Stat::from_libc(&st))
+    }
+
+    pub fn open_file(&self, rel: &Path, flags: i32) -> io::Result<File> {
+        let fd = self.openat(rel, OFlags::from_bits_retain(flags as u32), 0)?;
+        Ok(File::from(fd))
+    }
+
+    /// Creates `rel` exclusively-or-not as `flags` say (`O_CREAT` is added).
+    pub fn create_file(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<File> {
+        let flags = OFlags::from_bits_retain(flags as u32) | OFlags::CREATE;
+        Ok(File::from(self.openat(rel, flags, mode)?))
+    }
+
+    pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })?;
+        Ok(())
+    }
+
+    pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        cvt(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, rdev) })?;
+        Ok(())
+    }
+
+    pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        let target = cstr(target.as_os_str())?;
+        cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })?;
+        Ok(())
+    }
+
+    pub fn readlink(&self, rel: &Path) -> io::Result<Vec<u8>> {
+        let (dir, name) = self.parent(rel)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        let n = unsafe {
+            libc::readlinkat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    pub fn unlink(&self, rel: &Path) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })?;
+        Ok(())
+    }
+
+    pub fn rmdir(&self, rel: &Path) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })?;
+        Ok(())
+    }
+
+    /// `renameat2` with the caller's flags (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`); the
+    /// source's own answer (e.g. `EINVAL` where it lacks a flag) is returned unchanged.
+    pub fn rename(&self, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+        let (fdir, fname) = self.parent(from)?;
+        let (tdir, tname) = self.parent(to)?;
+        cvt(unsafe {
+            libc::renameat2(
+                fdir.as_raw_fd(),
+                fname.as_ptr(),
+                tdir.as_raw_fd(),
+                tname.as_ptr(),
+                flags,
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (fdir, fname) = self.parent(from)?;
+        let (tdir, tname) = self.parent(to)?;
+        rustix::fs::linkat(
+            &fdir,
+            fname.as_c_str(),
+            &tdir,
+            tname.as_c_str(),
+            AtFlags::empty(),
+        )
+        .map_err(rustix_err)
+    }
+
+    /// Applies the owner, mode, times and size changes of `attr` to `rel` (size through
+    /// `fd` when the caller has the file open, so that an unlinked open file works).
+    pub fn set_attr(&self, rel: &Path, fd: Option<BorrowedFd<'_>>, attr: &SetAttr) -> io::Result<()> {
+        let (dir, name) = if rel.as_os_str().is_empty() {
+            (self.dir(Path::new(""))?, CString::new(".").unwrap())
+        } else {
+            self.parent(rel)?
+        };
+        if attr.uid.is_some() || attr.gid.is_some() {
+            let uid = attr.uid.unwrap_or(u32::MAX);
+            let gid = attr.gid.unwrap_or(u32::MAX);
+            cvt(unsafe {
+                libc::fchownat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    uid,
+                    gid,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+        }
+        if let Some(mode) = attr.mode {
+            // fchmodat has no working AT_SYMLINK_NOFOLLOW; symlinks have no mode to set.
+            cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode & 0o7777, 0) })?;
+        }
+        if let Some(size) = attr.size {
+            match fd {
+                Some(fd) => cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) })?,
+                None => {
+                    let f = self.openat(rel, OFlags::WRONLY, 0)?;
+                    cvt(unsafe { libc::ftruncate(f.as_raw_fd(), size as i64) })?
+                }
+            };
+        }
+        if attr.atime.is_some() || attr.mtime.is_some() {
+            let omit = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            };
+            let times = [
+                attr.atime.map(TimeSpec::to_libc).unwrap_or(omit),
+                attr.mtime.map(TimeSpec::to_libc).unwrap_or(omit),
+            ];
+            cvt(unsafe {
+                libc::utimensat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    times.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Sets the owner of a freshly created object to the caller (the daemon may be root).
+    pub fn chown_new(&self, rel: &Path, uid: u32, gid: Option<u32>) -> io::Result<()> {
+        let (dir, name) = self.parent(rel)?;
+        cvt(unsafe {
+            libc::fchownat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                uid,
+                gid.unwrap_or(u32::MAX),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<DirEntry>> {
+        let fd = self.openat(rel, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
+        let mut dir = rustix::fs::Dir::read_from(&fd).map_err(rustix_err)?;
+        let mut out = Vec::new();
+        while let Some(ent) = dir.read() {
+            let ent = ent.map_err(rustix_err)?;
+            let name = OsStr::from_bytes(ent.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            let file_type = match ent.file_type() {
+                rustix::fs::FileType::RegularFile => libc::S_IFREG,
+                rustix::fs::FileType::Directory => libc::S_IFDIR,
+                rustix::fs::FileType::Symlink => libc::S_IFLNK,
+                rustix::fs::FileType::Fifo => libc::S_IFIFO,
+                rustix::fs::FileType::Socket => libc::S_IFSOCK,
+                rustix::fs::FileType::CharacterDevice => libc::S_IFCHR,
+                rustix::fs::FileType::BlockDevice => libc::S_IFBLK,
+                _ => 0,
+            };
+            out.push(DirEntry {
+                name: name.to_os_string(),
+                ino: ent.ino(),
+                file_type,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` with a path naming `rel` itself (`/proc/self/fd/<parent>/<name>`, used with
+    /// the `l*xattr` calls), since the fd forms do not work on symlinks, fifos or devices.
+    fn with_proc_path<T>(
+        &self,
+        rel: &Path,
+        f: impl FnOnce(&CString, bool) -> io::Result<T>,
+    ) -> io::Result<T> {
+        if rel.as_os_str().is_empty() {
+            let p = CString::new(format!("/proc/self/fd/{}", self.root.as_raw_fd())).unwrap();
+            return f(&p, true);
+        }
+        let (dir, name) = self.parent(rel)?;
+        let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+        p.extend_from_slice(name.as_bytes());
+        f(&CString::new(p).unwrap(), false)
+    }
+
+    pub fn getxattr(&self, rel: &Path, name: &OsStr, size: usize) -> io::Result<Vec<u8>> {
+        let name = cstr(name)?;
+        self.with_proc_path(rel, |p, follow| {
+            let mut buf = vec![0u8; size];
+            let get = if follow { libc::getxattr } else { libc::lgetxattr };
+            let n = unsafe { get(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), size) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // With size 0 the call only reports the length: answer a buffer of that length.
+            buf.resize(n as usize, 0);
+            Ok(buf)
+        })
+    }
+
+    pub fn listxattr(&self, rel: &Path, size: usize) -> io::Result<Vec<u8>> {
+        self.with_proc_path(rel, |p, follow| {
+            let mut buf = vec![0u8; size];
+            let list = if follow { libc::listxattr } else { libc::llistxattr };
+            let n = unsafe { list(p.as_ptr(), buf.as_mut_ptr().cast(), size) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // With size 0 the call only reports the length: answer a buffer of that length.
+            buf.resize(n as usize, 0);
+            Ok(buf)
+        })
+    }
+
+    pub fn setxattr(&self, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
+        let name = cstr(name)?;
+        self.with_proc_path(rel, |p, follow| {
+            let set = if follow { libc::setxattr } else { libc::lsetxattr };
+            cvt(unsafe {
+                set(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    flags,
+                )
+            })?;
+            Ok(())
+        })
+    }
+
+    pub fn removexattr(&self, rel: &Path, name: &OsStr) -> io::Result<()> {
+        let name = cstr(name)?;
+        self.with_proc_path(rel, |p, follow| {
+            let remove = if follow { libc::removexattr } else { libc::lremovexattr };
+            cvt(unsafe { remove(p.as_ptr(), name.as_ptr()) })?;
+            Ok(())
+        })
+    }
+
+    pub fn statvfs(&self) -> io::Result<libc::statvfs> {
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // An O_PATH fd works with fstatvfs (fstatfs accepts O_PATH since 2.6.39).
+        cvt(unsafe { libc::fstatvfs(self.root.as_raw_fd(), &mut st) })?;
+        Ok(st)
+    }
+}
+
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(Stat::from_libc(&st))
+}
+
+/// Duplicates a borrowed fd into an owned `File` (used to keep a handle past a lock).
+pub fn dup_file(fd: BorrowedFd<'_>) -> io::Result<File> {
+    let n = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+    Ok(unsafe { File::from_raw_fd(n) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_never_lead_out_of_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"x").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("escape")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.path().join("pw")).unwrap();
+        let r = BeneathRoot::open(root.path()).unwrap();
+        assert!(r.open_file(Path::new("escape/secret"), libc::O_RDONLY).is_err());
+        assert!(r.open_file(Path::new("pw"), libc::O_RDONLY).is_err());
+        assert!(r.stat(Path::new("escape/secret")).is_err());
+        // The symlink itself is visible, as a symlink.
+        let st = r.stat(Path::new("pw")).unwrap();
+        assert_eq!(st.file_type(), libc::S_IFLNK);
+        assert!(r.openat(Path::new("../x"), OFlags::RDONLY, 0).is_err());
+    }
+
+    #[test]
+    fn long_paths_are_walked_in_pieces() {
+        let root = tempfile::tempdir().unwrap();
+        let r = BeneathRoot::open(root.path()).unwrap();
+        let mut rel = PathBuf::new();
+        let name = "d".repeat(200);
+        for _ in 0..25 {
+            rel.push(&name);
+            r.mkdir(&rel, 0o755).unwrap();
+        }
+        assert!(rel.as_os_str().len() > 4096);
+        let file = rel.join("f");
+        let mut f = r.create_file(&file, libc::O_WRONLY, 0o644).unwrap();
+        std::io::Write::write_all(&mut f, b"deep").unwrap();
+        assert_eq!(r.stat(&file).unwrap().size, 4);
+    }
+}
