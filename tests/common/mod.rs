@@ -1,0 +1,167 @@
+//! Test harness: real FUSE mounts of the real binary over temporary directories.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hoardfs::stats::Snapshot;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_hoardfs");
+
+/// A source, a cache and a mount point, and the daemon serving them (in the foreground,
+/// so that the test owns the process and sees how it exits).
+pub struct TestMount {
+    pub dirs: tempfile::TempDir,
+    pub src: PathBuf,
+    pub cache: PathBuf,
+    pub mnt: PathBuf,
+    pub extra_args: Vec<String>,
+    child: Option<Child>,
+}
+
+pub fn is_mounted(mnt: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mnt.to_str().unwrap();
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.len() > 4 && f[4] == want && l.contains("fuse.hoardfs")
+    })
+}
+
+impl TestMount {
+    pub fn new(args: &[&str]) -> TestMount {
+        let dirs = tempfile::Builder::new().prefix("hoardfs-test").tempdir().unwrap();
+        let base = std::fs::canonicalize(dirs.path()).unwrap();
+        let (src, cache, mnt) = (base.join("src"), base.join("cache"), base.join("mnt"));
+        for d in [&src, &mnt] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let mut m = TestMount {
+            dirs,
+            src,
+            cache,
+            mnt,
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        m.mount();
+        m
+    }
+
+    pub fn mount(&mut self) {
+        assert!(self.child.is_none(), "already mounted");
+        let child = Command::new(BIN)
+            .arg(&self.src)
+            .arg(&self.mnt)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .arg("-f")
+            .args(&self.extra_args)
+            .env("HOARDFS_LOG", std::env::var("HOARDFS_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn hoardfs");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(&self.mnt) {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("hoardfs exited before mounting: {status}");
+            }
+            assert!(Instant::now() < deadline, "mount did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The control socket comes up right after the mount.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while hoardfs::control::request_stats(&self.mnt).is_err() {
+            assert!(Instant::now() < deadline, "control socket did not appear");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Unmounts as a user would and checks that the daemon exits cleanly.
+    pub fn unmount(&mut self) {
+        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
+        assert!(st.success(), "umount failed");
+        self.wait_exit(true);
+    }
+
+    pub fn wait_exit(&mut self, expect_success: bool) {
+        let mut child = self.child.take().expect("not mounted");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                if expect_success {
+                    assert!(status.success(), "daemon exited with {status}");
+                }
+                return;
+            }
+            assert!(Instant::now() < deadline, "daemon did not exit after unmount");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL the daemon (a crash), then clear the dead mount.
+    pub fn crash(&mut self) {
+        let mut child = self.child.take().expect("not mounted");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        while is_mounted(&self.mnt) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn remount(&mut self) {
+        self.unmount();
+        self.mount();
+    }
+
+    pub fn stats(&self) -> Snapshot {
+        hoardfs::control::request_stats(&self.mnt).expect("stats")
+    }
+
+    pub fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn s(&self, rel: &str) -> PathBuf {
+        self.src.join(rel)
+    }
+
+    pub fn c(&self, rel: &str) -> PathBuf {
+        self.cache.join("data").join(rel)
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
