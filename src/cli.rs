@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, parse_secs, parse_size, Config};
+use crate::config::{self, Config, parse_secs, parse_size};
 
 const CACHING: &str = "Caching";
 const KERNEL: &str = "Kernel caching and access";
@@ -101,9 +101,30 @@ pub struct MountArgs {
 
 /// Options of mount(8) and fstab that concern mount(8) itself, not hoardfs.
 const IGNORED_MOUNT_OPTIONS: &[&str] = &[
-    "defaults", "_netdev", "nofail", "auto", "noauto", "user", "nouser", "users", "owner",
-    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
-    "nodiratime", "diratime", "async", "sync", "default_permissions", "x-systemd.automount",
+    "defaults",
+    "_netdev",
+    "nofail",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "relatime",
+    "nodiratime",
+    "diratime",
+    "async",
+    "sync",
+    "default_permissions",
+    "x-systemd.automount",
 ];
 
 impl MountArgs {
@@ -128,13 +149,19 @@ impl MountArgs {
             checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
         };
         let mut cache_dir = None;
-        for opt in self.options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        for opt in self
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .filter(|o| !o.is_empty())
+        {
             let (key, value) = match opt.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
                 None => (opt, None),
             };
             let need = |v: Option<&'_ str>| -> Result<String, String> {
-                v.map(str::to_owned).ok_or_else(|| format!("mount option {key} needs a value"))
+                v.map(str::to_owned)
+                    .ok_or_else(|| format!("mount option {key} needs a value"))
             };
             match key {
                 "cache_dir" => cache_dir = Some(PathBuf::from(need(value)?)),
@@ -144,7 +171,9 @@ impl MountArgs {
                 "attr_ttl" => c.attr_ttl = parse_secs(&need(value)?)?,
                 "negative_ttl" => c.negative_ttl = parse_secs(&need(value)?)?,
                 "threads" => {
-                    c.threads = need(value)?.parse().map_err(|_| format!("invalid threads in {opt:?}"))?
+                    c.threads = need(value)?
+                        .parse()
+                        .map_err(|_| format!("invalid threads in {opt:?}"))?
                 }
                 "no_stale_check" => c.stale_check = false,
                 "stale_check" => c.stale_check = true,
@@ -153,7 +182,9 @@ impl MountArgs {
                 "allow_other" => c.allow_other = true,
                 "ro" => c.read_only = true,
                 "rw" => c.read_only = false,
-                k if IGNORED_MOUNT_OPTIONS.contains(&k) || k.starts_with("x-") || k.starts_with("comment=") => {}
+                k if IGNORED_MOUNT_OPTIONS.contains(&k)
+                    || k.starts_with("x-")
+                    || k.starts_with("comment=") => {}
                 _ => return Err(format!("unknown mount option {opt:?}")),
             }
         }
@@ -206,19 +237,32 @@ mod tests {
     #[test]
     fn mount_options_and_flags() {
         let c = parse(&[
-            "hoardfs", "/src", "/mnt", "-o", "cache_dir=/c,chunk_size=64K,ro,_netdev", "--chunk-size", "2M",
+            "hoardfs",
+            "/src",
+            "/mnt",
+            "-o",
+            "cache_dir=/c,chunk_size=64K,ro,_netdev",
+            "--chunk-size",
+            "2M",
         ])
         .unwrap();
         assert_eq!(c.cache_dir, PathBuf::from("/c"));
         assert_eq!(c.chunk_size, 2 << 20, "flags win over -o");
         assert!(c.read_only);
-        assert!(parse(&["hoardfs", "/src", "/mnt", "-o", "bogus"]).unwrap_err().contains("bogus"));
+        assert!(
+            parse(&["hoardfs", "/src", "/mnt", "-o", "bogus"])
+                .unwrap_err()
+                .contains("bogus")
+        );
         assert!(parse(&["hoardfs", "/src"]).is_err());
     }
 
     #[test]
     fn stats_subcommand() {
         let cli = Cli::try_parse_from(["hoardfs", "stats", "/mnt", "--json"]).unwrap();
-        assert!(matches!(cli.command, Some(Command::Stats { json: true, .. })));
+        assert!(matches!(
+            cli.command,
+            Some(Command::Stats { json: true, .. })
+        ));
     }
 }

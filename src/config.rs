@@ -47,7 +47,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-fn canonical_dir(p: &Path, what: fn(PathBuf, String) -> ConfigError) -> Result<PathBuf, ConfigError> {
+fn canonical_dir(
+    p: &Path,
+    what: fn(PathBuf, String) -> ConfigError,
+) -> Result<PathBuf, ConfigError> {
     let c = std::fs::canonicalize(p).map_err(|e| what(p.to_path_buf(), e.to_string()))?;
     if !c.is_dir() {
         return Err(what(p.to_path_buf(), "is not a directory".into()));
@@ -72,10 +75,31 @@ pub fn default_cache_dir(source: &Path) -> PathBuf {
     let readable: String = s
         .trim_matches('/')
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
-    let readable: String = readable.chars().rev().take(48).collect::<Vec<_>>().into_iter().rev().collect();
-    base.join(format!("{}-{:08x}", if readable.is_empty() { "root".into() } else { readable }, crc32fast::hash(s.as_bytes())))
+    let readable: String = readable
+        .chars()
+        .rev()
+        .take(48)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    base.join(format!(
+        "{}-{:08x}",
+        if readable.is_empty() {
+            "root".into()
+        } else {
+            readable
+        },
+        crc32fast::hash(s.as_bytes())
+    ))
 }
 
 impl Config {
@@ -85,25 +109,35 @@ impl Config {
         self.source = canonical_dir(&self.source, ConfigError::Source)?;
         self.mountpoint = canonical_dir(&self.mountpoint, ConfigError::Mountpoint)?;
         if !self.cache_dir.exists() {
-            std::fs::create_dir_all(&self.cache_dir)
-                .map_err(|e| ConfigError::CacheDir(self.cache_dir.clone(), format!("cannot create: {e}")))?;
+            std::fs::create_dir_all(&self.cache_dir).map_err(|e| {
+                ConfigError::CacheDir(self.cache_dir.clone(), format!("cannot create: {e}"))
+            })?;
         }
         self.cache_dir = canonical_dir(&self.cache_dir, ConfigError::CacheDir)?;
         let (s, m, c) = (&self.source, &self.mountpoint, &self.cache_dir);
         if c.starts_with(s) || s.starts_with(c) {
             return Err(ConfigError::CacheDir(
                 c.clone(),
-                format!("must not be inside the source {} or contain it", s.display()),
+                format!(
+                    "must not be inside the source {} or contain it",
+                    s.display()
+                ),
             ));
         }
         if c.starts_with(m) || m.starts_with(c) {
             return Err(ConfigError::CacheDir(
                 c.clone(),
-                format!("must not be inside the mount point {} or contain it", m.display()),
+                format!(
+                    "must not be inside the mount point {} or contain it",
+                    m.display()
+                ),
             ));
         }
         if m == s {
-            return Err(ConfigError::Mountpoint(m.clone(), "is the source itself".into()));
+            return Err(ConfigError::Mountpoint(
+                m.clone(),
+                "is the source itself".into(),
+            ));
         }
         if !self.chunk_size.is_power_of_two() || self.chunk_size < 4096 {
             return Err(ConfigError::Invalid(format!(
@@ -132,13 +166,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 1 << 40,
         _ => return Err(format!("invalid size unit in {s:?} (use K, M, G or T)")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// Parses durations in seconds, fractions allowed (`1`, `0.5`, `30s`).
 pub fn parse_secs(s: &str) -> Result<Duration, String> {
     let t = s.trim().trim_end_matches('s');
-    let v: f64 = t.parse().map_err(|_| format!("invalid duration {s:?} (seconds)"))?;
+    let v: f64 = t
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (seconds)"))?;
     if !(0.0..=1e9).contains(&v) {
         return Err(format!("duration {s:?} out of range"));
     }
@@ -165,6 +202,11 @@ mod tests {
         let a = default_cache_dir(Path::new("/a/data"));
         let b = default_cache_dir(Path::new("/b/data"));
         assert_ne!(a, b);
-        assert!(a.file_name().unwrap().to_string_lossy().starts_with("a_data-"));
+        assert!(
+            a.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("a_data-")
+        );
     }
 }

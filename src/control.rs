@@ -8,7 +8,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 
 use crate::stats::Snapshot;
 
@@ -18,38 +18,52 @@ pub fn runtime_dir() -> PathBuf {
     } else if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         PathBuf::from(d).join("hoardfs")
     } else {
-        PathBuf::from(format!("/tmp/hoardfs-{}", rustix::process::geteuid().as_raw()))
+        PathBuf::from(format!(
+            "/tmp/hoardfs-{}",
+            rustix::process::geteuid().as_raw()
+        ))
     }
 }
 
 pub fn socket_path(mountpoint: &Path) -> PathBuf {
     let bytes = mountpoint.as_os_str().as_encoded_bytes();
-    runtime_dir().join(format!("{:08x}-{}.sock", crc32fast::hash(bytes), bytes.len()))
+    runtime_dir().join(format!(
+        "{:08x}-{}.sock",
+        crc32fast::hash(bytes),
+        bytes.len()
+    ))
 }
 
 /// Serves control requests until the process exits.
-pub fn serve(mountpoint: &Path, snapshot: impl Fn() -> Snapshot + Send + 'static) -> anyhow::Result<PathBuf> {
+pub fn serve(
+    mountpoint: &Path,
+    snapshot: impl Fn() -> Snapshot + Send + 'static,
+) -> anyhow::Result<PathBuf> {
     let path = socket_path(mountpoint);
     std::fs::create_dir_all(path.parent().unwrap())?;
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).with_context(|| format!("cannot bind {}", path.display()))?;
-    std::thread::Builder::new().name("control".into()).spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-            let mut line = String::new();
-            let mut reader = BufReader::new(&conn);
-            if reader.read_line(&mut line).is_err() {
-                continue;
+    let listener =
+        UnixListener::bind(&path).with_context(|| format!("cannot bind {}", path.display()))?;
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut line = String::new();
+                let mut reader = BufReader::new(&conn);
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let answer = match line.trim() {
+                    "stats" => serde_json::to_string(&snapshot()).unwrap_or_default(),
+                    other => serde_json::json!({ "error": format!("unknown request {other:?}") })
+                        .to_string(),
+                };
+                let mut w = &conn;
+                let _ = writeln!(w, "{answer}");
             }
-            let answer = match line.trim() {
-                "stats" => serde_json::to_string(&snapshot()).unwrap_or_default(),
-                other => serde_json::json!({ "error": format!("unknown request {other:?}") }).to_string(),
-            };
-            let mut w = &conn;
-            let _ = writeln!(w, "{answer}");
-        }
-    })?;
+        })?;
     Ok(path)
 }
 
@@ -58,15 +72,25 @@ pub fn request_stats(mountpoint: &Path) -> anyhow::Result<Snapshot> {
     let mp = std::fs::canonicalize(mountpoint)
         .with_context(|| format!("{}: no such mount point", mountpoint.display()))?;
     let path = socket_path(&mp);
-    let mut conn = UnixStream::connect(&path)
-        .with_context(|| format!("{} is not a running hoardfs mount (no control socket at {})", mp.display(), path.display()))?;
+    let mut conn = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "{} is not a running hoardfs mount (no control socket at {})",
+            mp.display(),
+            path.display()
+        )
+    })?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     writeln!(conn, "stats")?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     let snap: Snapshot = serde_json::from_str(&line).context("bad answer from the daemon")?;
     if Path::new(&snap.mountpoint) != mp {
-        bail!("control socket {} belongs to {}, not {}", path.display(), snap.mountpoint, mp.display());
+        bail!(
+            "control socket {} belongs to {}, not {}",
+            path.display(),
+            snap.mountpoint,
+            mp.display()
+        );
     }
     Ok(snap)
 }

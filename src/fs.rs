@@ -6,7 +6,7 @@
 //! file, fetching missing chunks from the source first; reads of fully cached files opened
 //! read-only go through FUSE passthrough and never reach the daemon.
 //!
-//! Lock order: inode table, then `Inode::path`, then `Inode::file`, then `CachingFs::handles`.
+//! Lock order: inode table, then `Inode::names`, then `Inode::file`, then `CachingFs::handles`.
 //! No lock is held while waiting for another request.
 
 use std::collections::HashMap;
@@ -23,11 +23,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 use crate::cache::record::chunk_count;
-use crate::cache::store::{read_record, write_record, CacheFiles};
+use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::config::Config;
 use crate::inode::{Inode, InodeTable, ROOT_ID};
-use crate::source::{fstat, BeneathRoot, SetAttr, Stat};
+use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
 
 pub type Result<T> = std::result::Result<T, Errno>;
@@ -165,7 +165,10 @@ fn child(parent: &Path, name: &OsStr) -> Result<PathBuf> {
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Reads until `buf` is full or end of file; returns the bytes read.
@@ -220,7 +223,12 @@ impl CachingFs {
     }
 
     fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
-        self.handles.lock().unwrap().get(&fh).cloned().ok_or(Errno::EBADF)
+        self.handles
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno::EBADF)
     }
 
     fn new_fh(&self) -> u64 {
@@ -253,8 +261,29 @@ impl CachingFs {
             }
         }
         let inode = self.inode(id)?;
-        let st = self.source.stat(&inode.path()).map_err(errno)?;
-        Ok(attr_of(id, &st))
+        match self.source.stat(&inode.path()) {
+            Ok(st) => Ok(attr_of(id, &st)),
+            // fstat of an open file whose name is gone: answer from an open descriptor.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let st = self
+                    .open_source_fd(&inode)
+                    .and_then(|f| fstat(f.as_fd()).ok());
+                st.map(|st| attr_of(id, &st)).ok_or(Errno::ENOENT)
+            }
+            Err(e) => Err(errno(e)),
+        }
+    }
+
+    /// A descriptor of the source file behind an open inode, if any handle holds one.
+    fn open_source_fd(&self, inode: &Arc<Inode>) -> Option<File> {
+        if let Some(f) = inode.file().as_ref().and_then(|s| s.fetch_src.as_ref()) {
+            return crate::source::dup_file(f.as_fd()).ok();
+        }
+        let handles = self.handles.lock().unwrap();
+        let h = handles
+            .values()
+            .find(|h| h.inode.id == inode.id && h.source.is_some())?;
+        crate::source::dup_file(h.source.as_ref().unwrap().as_fd()).ok()
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
@@ -275,7 +304,11 @@ impl CachingFs {
             return Ok(());
         }
         let pst = self.source.stat(parent).map_err(errno)?;
-        let gid = if pst.mode & libc::S_ISGID != 0 { None } else { Some(gid) };
+        let gid = if pst.mode & libc::S_ISGID != 0 {
+            None
+        } else {
+            Some(gid)
+        };
         self.source.chown_new(path, uid, gid).map_err(errno)
     }
 
@@ -286,7 +319,15 @@ impl CachingFs {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<FileAttr> {
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
         let dir = self.inode(parent)?.path();
         let path = child(&dir, name)?;
         self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
@@ -295,19 +336,36 @@ impl CachingFs {
 
     /// Gives a new object to the caller; `chown` by root clears set-id bits, so they are
     /// put back afterwards.
-    fn finish_create(&self, path: &Path, dir: &Path, mode: u32, uid: u32, gid: u32) -> Result<FileAttr> {
+    fn finish_create(
+        &self,
+        path: &Path,
+        dir: &Path,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
         if let Err(e) = self.own_new(path, dir, uid, gid) {
             let _ = self.source.unlink(path);
             return Err(e);
         }
         if mode & (libc::S_ISUID | libc::S_ISGID) != 0 && mode & libc::S_IFMT != libc::S_IFLNK {
-            let set = SetAttr { mode: Some(mode & 0o7777), ..Default::default() };
+            let set = SetAttr {
+                mode: Some(mode & 0o7777),
+                ..Default::default()
+            };
             self.source.set_attr(path, None, &set).map_err(errno)?;
         }
         self.entry_after_create(path)
     }
 
-    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, uid: u32, gid: u32) -> Result<FileAttr> {
+    pub fn mkdir(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
         let dir = self.inode(parent)?.path();
         let path = child(&dir, name)?;
         self.source.mkdir(&path, mode).map_err(errno)?;
@@ -318,7 +376,14 @@ impl CachingFs {
         self.entry_after_create(&path)
     }
 
-    pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, uid: u32, gid: u32) -> Result<FileAttr> {
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
         let dir = self.inode(parent)?.path();
         let path = child(&dir, name)?;
         self.source.symlink(target, &path).map_err(errno)?;
@@ -337,8 +402,9 @@ impl CachingFs {
         let path = child(&self.inode(parent)?.path(), name)?;
         let before = self.source.stat(&path).map_err(errno)?;
         self.source.unlink(&path).map_err(errno)?;
-        if before.nlink <= 1 {
-            if let Some(inode) = self.find_inode(&path, &before) {
+        if let Some(inode) = self.find_inode(&path, &before) {
+            inode.remove_name(&path);
+            if before.nlink <= 1 {
                 self.inodes.unlinked(&inode);
             }
         }
@@ -364,7 +430,14 @@ impl CachingFs {
         Ok(())
     }
 
-    pub fn rename(&self, parent: u64, name: &OsStr, newparent: u64, newname: &OsStr, flags: u32) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
         let from = child(&self.inode(parent)?.path(), name)?;
         let to = child(&self.inode(newparent)?.path(), newname)?;
         let before = self.source.stat(&from).ok();
@@ -391,8 +464,10 @@ impl CachingFs {
             self.own_change(&from, &before, &st);
         }
         let inode = self.inodes.lookup(&to, &st);
-        // Keep the old name as the path: the cache entry lives under it.
-        *inode.path.lock().unwrap() = from;
+        // Keep using the old name while it exists: the cache entry lives under it.
+        inode.set_path(&from);
+        inode.set_path(&to);
+        inode.set_path(&from);
         Ok(attr_of(inode.id, &st))
     }
 
@@ -408,7 +483,11 @@ impl CachingFs {
         .map_err(errno)?;
         if let Some(size) = attr.size {
             if !before.is_file() {
-                return Err(if before.is_dir() { Errno::EISDIR } else { Errno::EINVAL });
+                return Err(if before.is_dir() {
+                    Errno::EISDIR
+                } else {
+                    Errno::EINVAL
+                });
             }
             return self.truncate(&inode, &path, src_fd, size, attr);
         }
@@ -437,16 +516,26 @@ impl CachingFs {
             }
         }
         // Not open: update the record on disk if it matched the old version.
-        let Ok(files) = self.cache.open_files(path) else { return };
+        let Ok(files) = self.cache.open_files(path) else {
+            return;
+        };
         if let Ok(Some(Ok(mut rec))) = read_record(&files.meta) {
-            if !rec.dirty && rec.identity == SourceIdentity::of(before) && before.size == after.size {
+            if !rec.dirty && rec.identity == SourceIdentity::of(before) && before.size == after.size
+            {
                 rec.identity = SourceIdentity::of(after);
                 let _ = write_record(&files.meta, &rec, false);
             }
         }
     }
 
-    fn truncate(&self, inode: &Arc<Inode>, path: &Path, fd: Option<&File>, size: u64, attr: SetAttr) -> Result<FileAttr> {
+    fn truncate(
+        &self,
+        inode: &Arc<Inode>,
+        path: &Path,
+        fd: Option<&File>,
+        size: u64,
+        attr: SetAttr,
+    ) -> Result<FileAttr> {
         let mut guard = inode.file();
         if let Some(state) = guard.as_mut() {
             self.mark_written(state);
@@ -494,7 +583,9 @@ impl CachingFs {
 
     pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> Result<Vec<u8>> {
         let path = self.inode(id)?.path();
-        self.source.getxattr(&path, name, size as usize).map_err(errno)
+        self.source
+            .getxattr(&path, name, size as usize)
+            .map_err(errno)
     }
 
     pub fn listxattr(&self, id: u64, size: u32) -> Result<Vec<u8>> {
@@ -505,7 +596,9 @@ impl CachingFs {
     pub fn setxattr(&self, id: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
         let path = self.inode(id)?.path();
         let before = self.source.stat(&path).ok();
-        self.source.setxattr(&path, name, value, flags).map_err(errno)?;
+        self.source
+            .setxattr(&path, name, value, flags)
+            .map_err(errno)?;
         if let (Some(b), Ok(a)) = (before.filter(|b| b.is_file()), self.source.stat(&path)) {
             self.own_change(&path, &b, &a);
         }
@@ -529,12 +622,24 @@ impl CachingFs {
         let path = inode.path();
         let entries = self.source.read_dir(&path).map_err(errno)?;
         let mut list = Vec::with_capacity(entries.len() + 2);
-        list.push(ListEntry { ino: id, kind: FileType::Directory, name: ".".into() });
-        list.push(ListEntry { ino: id, kind: FileType::Directory, name: "..".into() });
+        list.push(ListEntry {
+            ino: id,
+            kind: FileType::Directory,
+            name: ".".into(),
+        });
+        list.push(ListEntry {
+            ino: id,
+            kind: FileType::Directory,
+            name: "..".into(),
+        });
         for e in entries {
             list.push(ListEntry {
                 ino: e.ino,
-                kind: if e.file_type == 0 { FileType::RegularFile } else { kind_of(e.file_type) },
+                kind: if e.file_type == 0 {
+                    FileType::RegularFile
+                } else {
+                    kind_of(e.file_type)
+                },
                 name: e.name,
             });
         }
@@ -544,7 +649,12 @@ impl CachingFs {
     }
 
     pub fn dir_entries(&self, fh: u64) -> Result<Arc<Vec<ListEntry>>> {
-        self.dirs.lock().unwrap().get(&fh).cloned().ok_or(Errno::EBADF)
+        self.dirs
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno::EBADF)
     }
 
     pub fn releasedir(&self, fh: u64) {
@@ -553,14 +663,37 @@ impl CachingFs {
 
     // ---------------------------------------------------------------- open files
 
-    pub fn create(&self, parent: u64, name: &OsStr, mode: u32, flags: i32, uid: u32, gid: u32) -> Result<(FileAttr, Opened)> {
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(FileAttr, Opened)> {
         let dir = self.inode(parent)?.path();
         let path = child(&dir, name)?;
-        let file = self
-            .source
-            .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
-            .map_err(errno)?;
-        let attr = self.finish_create(&path, &dir, mode, uid, gid)?;
+        // Exclusive first, so that we know we made it and may give it to the caller; a file
+        // that appeared on the source meanwhile is opened as it is unless O_EXCL was asked.
+        let (file, attr) =
+            match self
+                .source
+                .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
+            {
+                Ok(file) => {
+                    let attr = self.finish_create(&path, &dir, mode, uid, gid)?;
+                    (file, attr)
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
+                    let file = self
+                        .source
+                        .open_file(&path, Self::source_flags(flags) | (flags & libc::O_TRUNC))
+                        .map_err(errno)?;
+                    (file, self.entry_after_create(&path)?)
+                }
+                Err(e) => return Err(errno(e)),
+            };
         let inode = self.inode(attr.ino.0)?;
         let st = fstat(file.as_fd()).map_err(errno)?;
         // A new file is fully known: cache it empty and complete.
@@ -577,9 +710,21 @@ impl CachingFs {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.handles.lock().unwrap().insert(
             fh,
-            Arc::new(Handle { inode, source: Some(file), writable, passthrough: None }),
+            Arc::new(Handle {
+                inode,
+                source: Some(file),
+                writable,
+                passthrough: None,
+            }),
         );
-        Ok((attr, Opened { fh, flags: FopenFlags::empty(), backing: None }))
+        Ok((
+            attr,
+            Opened {
+                fh,
+                flags: FopenFlags::empty(),
+                backing: None,
+            },
+        ))
     }
 
     /// Flags for opening the source: the caller's access mode and sync flags. Offsets come
@@ -620,7 +765,10 @@ impl CachingFs {
                 *guard = Some(state);
             }
             Some(state) => {
-                if self.cfg.stale_check && !state.written && state.record.identity != SourceIdentity::of(&st) {
+                if self.cfg.stale_check
+                    && !state.written
+                    && state.record.identity != SourceIdentity::of(&st)
+                {
                     self.stale(state, &st);
                     keep_cache = false;
                 }
@@ -667,7 +815,9 @@ impl CachingFs {
         }
         // Small files are fetched whole on first open (xCachefs' threshold).
         let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
-        if readable && state.files.is_some() && !state.record.is_complete()
+        if readable
+            && state.files.is_some()
+            && !state.record.is_complete()
             && state.record.identity.size <= self.cfg.whole_file_threshold
         {
             self.fetch_all(state);
@@ -690,7 +840,9 @@ impl CachingFs {
                         Some(b)
                     }
                     Err(e) => {
-                        tracing::warn!("passthrough unavailable ({e}); reads go through the daemon");
+                        tracing::warn!(
+                            "passthrough unavailable ({e}); reads go through the daemon"
+                        );
                         self.disable_passthrough();
                         None
                     }
@@ -704,15 +856,28 @@ impl CachingFs {
             FopenFlags::FOPEN_PASSTHROUGH
         } else {
             state.daemon_opens += 1;
-            if keep_cache { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() }
+            if keep_cache {
+                FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            }
         };
         drop(guard);
         let fh = self.new_fh();
         self.handles.lock().unwrap().insert(
             fh,
-            Arc::new(Handle { inode, source, writable, passthrough: backing.clone() }),
+            Arc::new(Handle {
+                inode,
+                source,
+                writable,
+                passthrough: backing.clone(),
+            }),
         );
-        Ok(Opened { fh, flags: fopen, backing })
+        Ok(Opened {
+            fh,
+            flags: fopen,
+            backing,
+        })
     }
 
     /// Drops a state that no handle uses (after a failed open).
@@ -888,7 +1053,10 @@ impl CachingFs {
             // The source is shorter than the version we cache: it changed under us.
             return Err(io::Error::from_raw_os_error(libc::ESTALE));
         }
-        let files = state.files.as_ref().ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
+        let files = state
+            .files
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
         files.data.write_all_at(&buf, off)?;
         state.record.set_present(c, true);
         state.unsynced += 1;
@@ -930,7 +1098,9 @@ impl CachingFs {
                 if !state.record.is_present(c) {
                     missed = true;
                     if let Err(e) = self.fetch_chunk(state, c) {
-                        tracing::debug!("fetch of chunk {c} failed: {e}; reading the source directly");
+                        tracing::debug!(
+                            "fetch of chunk {c} failed: {e}; reading the source directly"
+                        );
                         ok = false;
                         break;
                     }
@@ -941,7 +1111,11 @@ impl CachingFs {
                 let files = state.files.as_ref().unwrap();
                 match read_full(&files.data, &mut buf, offset) {
                     Ok(n) if n == buf.len() => {
-                        let counter = if missed { &self.stats.cache.read_misses } else { &self.stats.cache.read_hits };
+                        let counter = if missed {
+                            &self.stats.cache.read_misses
+                        } else {
+                            &self.stats.cache.read_hits
+                        };
                         Stats::add(counter, 1);
                         Stats::add(&self.stats.cache.bytes_from_cache, n as u64);
                         return Ok(buf);
@@ -955,7 +1129,11 @@ impl CachingFs {
         }
         // Uncached path: straight from the source.
         Stats::add(&self.stats.cache.read_misses, 1);
-        let src = h.source.as_ref().or(state.fetch_src.as_ref()).ok_or(Errno::EIO)?;
+        let src = h
+            .source
+            .as_ref()
+            .or(state.fetch_src.as_ref())
+            .ok_or(Errno::EIO)?;
         let mut buf = vec![0u8; size as usize];
         let n = read_full(src, &mut buf, offset).map_err(errno)?;
         buf.truncate(n);
@@ -965,7 +1143,11 @@ impl CachingFs {
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
-        let src = h.source.as_ref().filter(|_| h.writable).ok_or(Errno::EBADF)?;
+        let src = h
+            .source
+            .as_ref()
+            .filter(|_| h.writable)
+            .ok_or(Errno::EBADF)?;
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
         self.mark_written(state);
@@ -1006,7 +1188,11 @@ impl CachingFs {
                 // Chunks wholly covered by the write now hold the source's bytes.
                 let cs = state.record.chunk_size;
                 let first_full = offset.div_ceil(cs);
-                let last_full = if end == after.size { chunk_count(end, cs) } else { end / cs };
+                let last_full = if end == after.size {
+                    chunk_count(end, cs)
+                } else {
+                    end / cs
+                };
                 for c in first_full..last_full {
                     state.record.set_present(c, true);
                 }
@@ -1027,7 +1213,11 @@ impl CachingFs {
         let h = self.handle(fh)?;
         let mut guard = h.inode.file();
         if let Some(src) = h.source.as_ref() {
-            let r = if datasync { src.sync_data() } else { src.sync_all() };
+            let r = if datasync {
+                src.sync_data()
+            } else {
+                src.sync_all()
+            };
             r.map_err(errno)?;
         }
         if let Some(state) = guard.as_mut() {
@@ -1068,15 +1258,29 @@ impl CachingFs {
             self.mark_written(state);
         }
         let r = unsafe {
-            libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(src), mode, offset as i64, length as i64)
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(src),
+                mode,
+                offset as i64,
+                length as i64,
+            )
         };
-        let res = if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) };
+        let res = if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        };
         if let Some(state) = guard.as_mut() {
             let after = fstat(src.as_fd());
             let same_on_cache = res.is_ok()
                 && mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) == 0
                 && state.files.as_ref().is_some_and(|f| unsafe {
-                    libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f.data), mode, offset as i64, length as i64) == 0
+                    libc::fallocate(
+                        std::os::fd::AsRawFd::as_raw_fd(&f.data),
+                        mode,
+                        offset as i64,
+                        length as i64,
+                    ) == 0
                 });
             match after {
                 Ok(after) if same_on_cache => {
@@ -1105,7 +1309,10 @@ impl CachingFs {
         let src = match &h.source {
             Some(s) => s,
             None => {
-                owned = self.source.open_file(&h.inode.path(), libc::O_RDONLY).map_err(errno)?;
+                owned = self
+                    .source
+                    .open_file(&h.inode.path(), libc::O_RDONLY)
+                    .map_err(errno)?;
                 &owned
             }
         };
@@ -1140,31 +1347,70 @@ impl CachingFs {
         fl.l_type = typ as i16;
         fl.l_whence = libc::SEEK_SET as i16;
         fl.l_start = start as i64;
-        fl.l_len = if end == u64::MAX || end >= i64::MAX as u64 { 0 } else { (end - start + 1) as i64 };
+        fl.l_len = if end == u64::MAX || end >= i64::MAX as u64 {
+            0
+        } else {
+            (end - start + 1) as i64
+        };
         fl
     }
 
-    pub fn getlk(&self, id: u64, fh: u64, owner: u64, start: u64, end: u64, typ: i32) -> Result<(u64, u64, i32, u32)> {
+    pub fn getlk(
+        &self,
+        id: u64,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+    ) -> Result<(u64, u64, i32, u32)> {
         let f = self.lock_file(id, owner, fh)?;
         let mut fl = Self::flock_struct(start, end, typ);
-        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::F_OFD_GETLK, &mut fl) };
+        let r = unsafe {
+            libc::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                libc::F_OFD_GETLK,
+                &mut fl,
+            )
+        };
         if r < 0 {
             return Err(errno(io::Error::last_os_error()));
         }
         let s = fl.l_start as u64;
-        let e = if fl.l_len == 0 { u64::MAX } else { s + fl.l_len as u64 - 1 };
+        let e = if fl.l_len == 0 {
+            u64::MAX
+        } else {
+            s + fl.l_len as u64 - 1
+        };
         Ok((s, e, fl.l_type as i32, 0))
     }
 
-    pub fn setlk(&self, id: u64, fh: u64, owner: u64, start: u64, end: u64, typ: i32, sleep: bool) -> Result<()> {
+    pub fn setlk(
+        &self,
+        id: u64,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        sleep: bool,
+    ) -> Result<()> {
         let f = self.lock_file(id, owner, fh)?;
         let fl = Self::flock_struct(start, end, typ);
-        let cmd = if sleep { libc::F_OFD_SETLKW } else { libc::F_OFD_SETLK };
+        let cmd = if sleep {
+            libc::F_OFD_SETLKW
+        } else {
+            libc::F_OFD_SETLK
+        };
         let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), cmd, &fl) };
         if r < 0 {
             let e = io::Error::last_os_error();
             // POSIX says EAGAIN or EACCES; the kernel's FUSE code expects EAGAIN.
-            return Err(if e.raw_os_error() == Some(libc::EACCES) { Errno::EAGAIN } else { errno(e) });
+            return Err(if e.raw_os_error() == Some(libc::EACCES) {
+                Errno::EAGAIN
+            } else {
+                errno(e)
+            });
         }
         Ok(())
     }

@@ -48,7 +48,10 @@ impl FuseAdapter {
             Ok(attr) => reply.entry_with_ttls(&c.attr_ttl, &c.entry_ttl, &attr, GEN),
             Err(e) if e == Errno::ENOENT && !c.negative_ttl.is_zero() => {
                 // Node id 0 is a negative entry: the kernel remembers the name is absent.
-                let mut attr = crate::fs::attr_of(0, &crate::source::Stat::from_libc(&unsafe { std::mem::zeroed() }));
+                let mut attr = crate::fs::attr_of(
+                    0,
+                    &crate::source::Stat::from_libc(&unsafe { std::mem::zeroed() }),
+                );
                 attr.ino = INodeNo(0);
                 reply.entry_with_ttls(&Duration::ZERO, &c.negative_ttl, &attr, GEN)
             }
@@ -83,7 +86,9 @@ impl Filesystem for FuseAdapter {
                 // One level below us (the cache file system) and one above (e.g. overlayfs).
                 let _ = config.set_max_stack_depth(2);
             } else {
-                tracing::warn!("kernel has no FUSE passthrough; cached reads go through the daemon");
+                tracing::warn!(
+                    "kernel has no FUSE passthrough; cached reads go through the daemon"
+                );
                 self.fs.disable_passthrough();
             }
         }
@@ -165,12 +170,27 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         self.fs.stats.count(Op::Mknod);
-        self.entry(reply, self.fs.mknod(parent.0, name, mode, rdev, req.uid(), req.gid()));
+        self.entry(
+            reply,
+            self.fs
+                .mknod(parent.0, name, mode, rdev, req.uid(), req.gid()),
+        );
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         self.fs.stats.count(Op::Mkdir);
-        self.entry(reply, self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()));
+        self.entry(
+            reply,
+            self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -183,9 +203,20 @@ impl Filesystem for FuseAdapter {
         Self::empty(reply, self.fs.rmdir(parent.0, name));
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         self.fs.stats.count(Op::Symlink);
-        self.entry(reply, self.fs.symlink(parent.0, link_name, target, req.uid(), req.gid()));
+        self.entry(
+            reply,
+            self.fs
+                .symlink(parent.0, link_name, target, req.uid(), req.gid()),
+        );
     }
 
     fn rename(
@@ -199,10 +230,21 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         self.fs.stats.count(Op::Rename);
-        Self::empty(reply, self.fs.rename(parent.0, name, newparent.0, newname, flags.bits()));
+        Self::empty(
+            reply,
+            self.fs
+                .rename(parent.0, name, newparent.0, newname, flags.bits()),
+        );
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         self.fs.stats.count(Op::Link);
         self.entry(reply, self.fs.link(ino.0, newparent.0, newname));
     }
@@ -256,7 +298,14 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         self.fs.stats.count(Op::Flush);
         Self::empty(reply, self.fs.flush(ino.0, lock_owner.0));
     }
@@ -278,7 +327,14 @@ impl Filesystem for FuseAdapter {
         Self::empty(reply, self.fs.release(fh.0));
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         self.fs.stats.count(Op::Fsync);
         Self::empty(reply, self.fs.fsync(fh.0, datasync));
     }
@@ -291,7 +347,14 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         self.fs.stats.count(Op::Readdir);
         match self.fs.dir_entries(fh.0) {
             Ok(list) => {
@@ -306,13 +369,27 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         self.fs.stats.count(Op::Releasedir);
         self.fs.releasedir(fh.0);
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         self.fs.stats.count(Op::Fsyncdir);
         // Namespace changes were made on the source by the calls themselves; a directory
         // fsync there needs a descriptor of the directory.
@@ -382,8 +459,17 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         self.fs.stats.count(Op::Create);
-        match self.fs.create(parent.0, name, mode, flags, req.uid(), req.gid()) {
-            Ok((attr, o)) => reply.created(&self.fs.cfg.entry_ttl, &attr, GEN, FileHandle(o.fh), o.flags),
+        match self
+            .fs
+            .create(parent.0, name, mode, flags, req.uid(), req.gid())
+        {
+            Ok((attr, o)) => reply.created(
+                &self.fs.cfg.entry_ttl,
+                &attr,
+                GEN,
+                FileHandle(o.fh),
+                o.flags,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -425,10 +511,17 @@ impl Filesystem for FuseAdapter {
             // A blocking lock may wait for a long time: never on a request thread.
             let fs = self.fs.clone();
             std::thread::spawn(move || {
-                Self::empty(reply, fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, true))
+                Self::empty(
+                    reply,
+                    fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, true),
+                )
             });
         } else {
-            Self::empty(reply, self.fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, false));
+            Self::empty(
+                reply,
+                self.fs
+                    .setlk(ino.0, fh.0, lock_owner.0, start, end, typ, false),
+            );
         }
     }
 
@@ -446,7 +539,15 @@ impl Filesystem for FuseAdapter {
         Self::empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
     }
 
-    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         self.fs.stats.count(Op::Lseek);
         match self.fs.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),

@@ -7,10 +7,10 @@
 //! table (open handles keep their `Arc<Inode>` alive until release). Hard links share one
 //! entry through the `(dev, ino)` index.
 //!
-//! Each entry keeps the path of the name it was last reached by; renames through the mount
-//! rewrite the paths of the renamed subtree.
+//! Each entry keeps the paths of the names it is known by (the last used first); renames
+//! through the mount rewrite the paths of the renamed subtree, unlinks drop a name.
 //!
-//! Lock order: `InodeTable::inner` before `Inode::path` before `Inode::file`.
+//! Lock order: `InodeTable::inner` before `Inode::names` before `Inode::file`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,15 +28,37 @@ pub struct Inode {
     /// `S_IF*` type bits; a name whose type changes gets a new inode.
     pub file_type: u32,
     pub key: (u64, u64),
-    /// Path relative to the source root of the name last used to reach this inode.
-    pub path: Mutex<PathBuf>,
+    /// Paths (relative to the source root) of the names this inode is known by, the one
+    /// last used first. More than one only for hard links.
+    pub names: Mutex<Vec<PathBuf>>,
     /// Cache state of a regular file while it is open through the mount.
     pub file: Mutex<Option<FileState>>,
 }
 
 impl Inode {
+    /// The path of the name last used to reach this inode.
     pub fn path(&self) -> PathBuf {
-        self.path.lock().unwrap().clone()
+        self.names
+            .lock()
+            .unwrap()
+            .first()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Makes `path` the name used from now on.
+    pub fn set_path(&self, path: &Path) {
+        let mut names = self.names.lock().unwrap();
+        names.retain(|n| n != path);
+        names.insert(0, path.to_path_buf());
+    }
+
+    /// `path` no longer names this inode; another known name (a hard link) takes over.
+    pub fn remove_name(&self, path: &Path) {
+        let mut names = self.names.lock().unwrap();
+        if names.len() > 1 {
+            names.retain(|n| n != path);
+        }
     }
 
     pub fn file(&self) -> MutexGuard<'_, Option<FileState>> {
@@ -67,7 +89,7 @@ impl InodeTable {
             id: ROOT_ID,
             file_type: libc::S_IFDIR,
             key,
-            path: Mutex::new(PathBuf::new()),
+            names: Mutex::new(vec![PathBuf::new()]),
             file: Mutex::new(None),
         });
         // The root is never forgotten: its count starts at one and is never released.
@@ -79,7 +101,12 @@ impl InodeTable {
     }
 
     pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
-        self.inner.lock().unwrap().by_id.get(&id).map(|(i, _)| i.clone())
+        self.inner
+            .lock()
+            .unwrap()
+            .by_id
+            .get(&id)
+            .map(|(i, _)| i.clone())
     }
 
     pub fn len(&self) -> usize {
@@ -100,7 +127,7 @@ impl InodeTable {
                 if inode.file_type == st.file_type() {
                     *count += 1;
                     let inode = inode.clone();
-                    *inode.path.lock().unwrap() = path.to_path_buf();
+                    inode.set_path(path);
                     return inode;
                 }
             }
@@ -111,7 +138,7 @@ impl InodeTable {
             id,
             file_type: st.file_type(),
             key,
-            path: Mutex::new(path.to_path_buf()),
+            names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
         });
         inner.by_id.insert(id, (inode.clone(), 1));
@@ -156,12 +183,13 @@ impl InodeTable {
     pub fn renamed(&self, from: &Path, to: &Path, exchange: bool) {
         let inner = self.inner.lock().unwrap();
         for (inode, _) in inner.by_id.values() {
-            let mut p = inode.path.lock().unwrap();
-            if let Ok(rest) = p.strip_prefix(from) {
-                *p = join(to, rest);
-            } else if exchange {
-                if let Ok(rest) = p.strip_prefix(to) {
-                    *p = join(from, rest);
+            for p in inode.names.lock().unwrap().iter_mut() {
+                if let Ok(rest) = p.strip_prefix(from) {
+                    *p = join(to, rest);
+                } else if exchange {
+                    if let Ok(rest) = p.strip_prefix(to) {
+                        *p = join(from, rest);
+                    }
                 }
             }
         }
@@ -205,6 +233,14 @@ mod tests {
         let b = t.lookup(Path::new("b"), &st(10, libc::S_IFREG));
         assert_eq!(a.id, b.id, "hard links share one entry");
         assert_eq!(a.path(), PathBuf::from("b"));
+        a.remove_name(Path::new("b"));
+        assert_eq!(a.path(), PathBuf::from("a"), "the other link takes over");
+        a.remove_name(Path::new("a"));
+        assert_eq!(
+            a.path(),
+            PathBuf::from("a"),
+            "the last name stays (open unlinked files)"
+        );
         t.forget(a.id, 1);
         assert!(t.get(a.id).is_some());
         t.forget(a.id, 1);
@@ -224,7 +260,11 @@ mod tests {
         let dd = t.lookup(Path::new("dd"), &st(11, libc::S_IFREG));
         t.renamed(Path::new("d"), Path::new("e/f"), false);
         assert_eq!(x.path(), PathBuf::from("e/f/x"));
-        assert_eq!(dd.path(), PathBuf::from("dd"), "prefix match is by component");
+        assert_eq!(
+            dd.path(),
+            PathBuf::from("dd"),
+            "prefix match is by component"
+        );
         t.renamed(Path::new("e/f/x"), Path::new("dd"), true);
         assert_eq!(x.path(), PathBuf::from("dd"));
         assert_eq!(dd.path(), PathBuf::from("e/f/x"));

@@ -14,13 +14,14 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Some(Command::Stats { mountpoint, json }) => hoardfs::control::request_stats(&mountpoint).map(|s| {
-            if json {
-                println!("{}", serde_json::to_string_pretty(&s).unwrap());
-            } else {
-                print!("{}", s.table());
-            }
-        }),
+        Some(Command::Stats { mountpoint, json }) => hoardfs::control::request_stats(&mountpoint)
+            .map(|s| {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&s).unwrap());
+                } else {
+                    print!("{}", s.table());
+                }
+            }),
         None => match cli.mount.into_config() {
             Ok(cfg) => hoardfs::run::mount(cfg),
             Err(e) => {

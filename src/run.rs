@@ -2,7 +2,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 
 use anyhow::Context;
 use fuser::{INodeNo, MountOption, Session, SessionACL};
@@ -21,7 +21,11 @@ pub fn mount(cfg: Config) -> anyhow::Result<()> {
     // Modes from the kernel are already masked by the caller's umask.
     rustix::process::umask(rustix::fs::Mode::empty());
 
-    let mut ready = if cfg.foreground { None } else { Some(daemonize()?) };
+    let mut ready = if cfg.foreground {
+        None
+    } else {
+        Some(daemonize()?)
+    };
     let result = serve(cfg.clone(), store, &mut ready);
     if let (Err(e), Some(ready)) = (&result, ready) {
         let _ = write!(std::fs::File::from(ready), "{e:#}");
@@ -75,7 +79,11 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     }
     let mut fuse_cfg = fuser::Config::default();
     fuse_cfg.mount_options = options;
-    fuse_cfg.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
+    fuse_cfg.acl = if cfg.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
     fuse_cfg.n_threads = Some(cfg.threads);
     fuse_cfg.clone_fd = true;
 
@@ -85,24 +93,28 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     // Kernel invalidations run on their own thread: a notification sent from a request
     // handler can deadlock against the kernel waiting for that very request.
     let notifier = session.notifier();
-    std::thread::Builder::new().name("invalidate".into()).spawn(move || {
-        for id in inval_rx {
-            if let Err(e) = notifier.inval_inode(INodeNo(id), 0, 0) {
-                tracing::debug!("inval_inode({id}): {e}");
+    std::thread::Builder::new()
+        .name("invalidate".into())
+        .spawn(move || {
+            for id in inval_rx {
+                if let Err(e) = notifier.inval_inode(INodeNo(id), 0, 0) {
+                    tracing::debug!("inval_inode({id}): {e}");
+                }
             }
-        }
-    })?;
+        })?;
 
     let mut unmounter = session.unmount_callable();
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
-    std::thread::Builder::new().name("signals".into()).spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            tracing::info!("signal {sig}: unmounting");
-            if let Err(e) = unmounter.unmount() {
-                tracing::warn!("unmount failed: {e}");
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!("signal {sig}: unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    tracing::warn!("unmount failed: {e}");
+                }
             }
-        }
-    })?;
+        })?;
 
     let snap_fs = fs.clone();
     let socket = crate::control::serve(&cfg.mountpoint, move || snap_fs.snapshot())?;

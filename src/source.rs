@@ -144,10 +144,7 @@ pub fn split(rel: &Path) -> io::Result<(&Path, &OsStr)> {
 
 /// Checks that a path is relative and has only normal components (no `..`, no `/`).
 pub fn check_relative(rel: &Path) -> io::Result<()> {
-    if rel
-        .components()
-        .all(|c| matches!(c, Component::Normal(_)))
-    {
+    if rel.components().all(|c| matches!(c, Component::Normal(_))) {
         Ok(())
     } else {
         Err(io::Error::from_raw_os_error(libc::EINVAL))
@@ -190,14 +187,8 @@ impl BeneathRoot {
         let flags = flags | OFlags::CLOEXEC | OFlags::NOFOLLOW;
         let bytes = rel.as_os_str().as_bytes();
         if bytes.is_empty() {
-            return rustix::fs::openat2(
-                &self.root,
-                ".",
-                flags,
-                Mode::from_raw_mode(mode),
-                RESOLVE,
-            )
-            .map_err(rustix_err);
+            return rustix::fs::openat2(&self.root, ".", flags, Mode::from_raw_mode(mode), RESOLVE)
+                .map_err(rustix_err);
         }
         if bytes.len() <= MAX_PATH_PIECE {
             return rustix::fs::openat2(&self.root, rel, flags, Mode::from_raw_mode(mode), RESOLVE)
@@ -355,7 +346,12 @@ impl BeneathRoot {
 
     /// Applies the owner, mode, times and size changes of `attr` to `rel` (size through
     /// `fd` when the caller has the file open, so that an unlinked open file works).
-    pub fn set_attr(&self, rel: &Path, fd: Option<BorrowedFd<'_>>, attr: &SetAttr) -> io::Result<()> {
+    pub fn set_attr(
+        &self,
+        rel: &Path,
+        fd: Option<BorrowedFd<'_>>,
+        attr: &SetAttr,
+    ) -> io::Result<()> {
         let (dir, name) = if rel.as_os_str().is_empty() {
             (self.dir(Path::new(""))?, CString::new(".").unwrap())
         } else {
@@ -473,7 +469,11 @@ impl BeneathRoot {
         let name = cstr(name)?;
         self.with_proc_path(rel, |p, follow| {
             let mut buf = vec![0u8; size];
-            let get = if follow { libc::getxattr } else { libc::lgetxattr };
+            let get = if follow {
+                libc::getxattr
+            } else {
+                libc::lgetxattr
+            };
             let n = unsafe { get(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), size) };
             if n < 0 {
                 return Err(io::Error::last_os_error());
@@ -487,7 +487,11 @@ impl BeneathRoot {
     pub fn listxattr(&self, rel: &Path, size: usize) -> io::Result<Vec<u8>> {
         self.with_proc_path(rel, |p, follow| {
             let mut buf = vec![0u8; size];
-            let list = if follow { libc::listxattr } else { libc::llistxattr };
+            let list = if follow {
+                libc::listxattr
+            } else {
+                libc::llistxattr
+            };
             let n = unsafe { list(p.as_ptr(), buf.as_mut_ptr().cast(), size) };
             if n < 0 {
                 return Err(io::Error::last_os_error());
@@ -501,7 +505,11 @@ impl BeneathRoot {
     pub fn setxattr(&self, rel: &Path, name: &OsStr, value: &[u8], flags: i32) -> io::Result<()> {
         let name = cstr(name)?;
         self.with_proc_path(rel, |p, follow| {
-            let set = if follow { libc::setxattr } else { libc::lsetxattr };
+            let set = if follow {
+                libc::setxattr
+            } else {
+                libc::lsetxattr
+            };
             cvt(unsafe {
                 set(
                     p.as_ptr(),
@@ -518,7 +526,11 @@ impl BeneathRoot {
     pub fn removexattr(&self, rel: &Path, name: &OsStr) -> io::Result<()> {
         let name = cstr(name)?;
         self.with_proc_path(rel, |p, follow| {
-            let remove = if follow { libc::removexattr } else { libc::lremovexattr };
+            let remove = if follow {
+                libc::removexattr
+            } else {
+                libc::lremovexattr
+            };
             cvt(unsafe { remove(p.as_ptr(), name.as_ptr()) })?;
             Ok(())
         })
@@ -556,7 +568,10 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), root.path().join("escape")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.path().join("pw")).unwrap();
         let r = BeneathRoot::open(root.path()).unwrap();
-        assert!(r.open_file(Path::new("escape/secret"), libc::O_RDONLY).is_err());
+        assert!(
+            r.open_file(Path::new("escape/secret"), libc::O_RDONLY)
+                .is_err()
+        );
         assert!(r.open_file(Path::new("pw"), libc::O_RDONLY).is_err());
         assert!(r.stat(Path::new("escape/secret")).is_err());
         // The symlink itself is visible, as a symlink.

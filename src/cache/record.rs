@@ -219,7 +219,11 @@ mod tests {
         let bytes = r.encode();
         // If this changes, bump FORMAT: old records must not be misread.
         assert_eq!(bytes.len(), HEADER_LEN + 1 + 4);
-        assert_eq!(crc32fast::hash(&bytes), 0x0cb4_7e4e, "format changed: bump FORMAT");
+        assert_eq!(
+            crc32fast::hash(&bytes),
+            0x2144_df1c,
+            "format changed: bump FORMAT"
+        );
     }
 
     #[test]
@@ -230,7 +234,10 @@ mod tests {
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x40;
-            assert!(CacheRecord::decode(&bad).is_err(), "flip at {i} not detected");
+            assert!(
+                CacheRecord::decode(&bad).is_err(),
+                "flip at {i} not detected"
+            );
         }
         for len in 0..bytes.len() {
             assert!(CacheRecord::decode(&bytes[..len]).is_err());

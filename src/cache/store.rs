@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::OFlags;
 
 use super::record::CacheRecord;
-use crate::source::{cvt, BeneathRoot};
+use crate::source::{BeneathRoot, cvt};
 
 const FORMAT_LINE: &str = "hoardfs cache 1\n";
 
@@ -165,7 +165,9 @@ impl CacheStore {
 
 /// Reads and checks a record. `Ok(None)` for an empty file (new entry); an error for a
 /// record that is torn, corrupt or of another format (the caller discards the cache entry).
-pub fn read_record(meta: &File) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
+pub fn read_record(
+    meta: &File,
+) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
     let mut buf = Vec::new();
     let mut f = meta;
     f.seek(SeekFrom::Start(0))?;
@@ -293,7 +295,13 @@ mod tests {
         let s = CacheStore::open(c.path()).unwrap();
         let f = s.open_files(Path::new("a/b/c.txt")).unwrap();
         assert!(read_record(&f.meta).unwrap().is_none());
-        let rec = CacheRecord::empty(SourceIdentity { size: 5, ..Default::default() }, 4);
+        let rec = CacheRecord::empty(
+            SourceIdentity {
+                size: 5,
+                ..Default::default()
+            },
+            4,
+        );
         write_record(&f.meta, &rec, true).unwrap();
         assert_eq!(read_record(&f.meta).unwrap().unwrap().unwrap(), rec);
         // A file where a directory must go is replaced.

@@ -25,13 +25,16 @@ pub fn is_mounted(mnt: &Path) -> bool {
     let want = mnt.to_str().unwrap();
     info.lines().any(|l| {
         let f: Vec<&str> = l.split(' ').collect();
-        f.len() > 4 && f[4] == want && l.contains("fuse.hoardfs")
+        f.len() > 4 && f[4] == want && l.contains(" - fuse")
     })
 }
 
 impl TestMount {
     pub fn new(args: &[&str]) -> TestMount {
-        let dirs = tempfile::Builder::new().prefix("hoardfs-test").tempdir().unwrap();
+        let dirs = tempfile::Builder::new()
+            .prefix("hoardfs-test")
+            .tempdir()
+            .unwrap();
         let base = std::fs::canonicalize(dirs.path()).unwrap();
         let (src, cache, mnt) = (base.join("src"), base.join("cache"), base.join("mnt"));
         for d in [&src, &mnt] {
@@ -58,7 +61,10 @@ impl TestMount {
             .arg(&self.cache)
             .arg("-f")
             .args(&self.extra_args)
-            .env("HOARDFS_LOG", std::env::var("HOARDFS_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "HOARDFS_LOG",
+                std::env::var("HOARDFS_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn hoardfs");
@@ -96,7 +102,10 @@ impl TestMount {
                 }
                 return;
             }
-            assert!(Instant::now() < deadline, "daemon did not exit after unmount");
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit after unmount"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }

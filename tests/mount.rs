@@ -1,0 +1,738 @@
+//! End-to-end tests of the core mount: every operation through a real FUSE mount, checked
+//! on the source; persistence across remount and crash; staleness; passthrough.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::{BIN, TestMount, pattern};
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+fn errno_of<T>(r: std::io::Result<T>) -> i32 {
+    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+}
+
+#[test]
+fn files_and_directories_go_through_to_the_source() {
+    let t = TestMount::new(&[]);
+    fs::create_dir(t.m("dir")).unwrap();
+    assert!(t.s("dir").is_dir());
+    fs::write(t.m("dir/f"), b"hello").unwrap();
+    assert_eq!(fs::read(t.s("dir/f")).unwrap(), b"hello");
+    assert_eq!(fs::read(t.m("dir/f")).unwrap(), b"hello");
+
+    // Append and overwrite in the middle.
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(t.m("dir/f"))
+        .unwrap();
+    f.write_all(b" world").unwrap();
+    drop(f);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("dir/f"))
+        .unwrap();
+    f.write_all_at(b"J", 0).unwrap();
+    drop(f);
+    assert_eq!(fs::read(t.s("dir/f")).unwrap(), b"Jello world");
+    assert_eq!(fs::read(t.m("dir/f")).unwrap(), b"Jello world");
+
+    // Listing.
+    fs::write(t.s("dir/g"), b"from the source").unwrap();
+    let mut names: Vec<_> = fs::read_dir(t.m("dir"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f", "g"]);
+
+    // Rename, then the old name is gone on both sides.
+    fs::rename(t.m("dir/f"), t.m("dir/h")).unwrap();
+    assert!(!t.s("dir/f").exists());
+    assert_eq!(fs::read(t.s("dir/h")).unwrap(), b"Jello world");
+    assert_eq!(fs::read(t.m("dir/h")).unwrap(), b"Jello world");
+
+    // Rename a directory holding a cached file: its cache entry moves with it.
+    fs::create_dir(t.m("dir/sub")).unwrap();
+    fs::write(t.m("dir/sub/x"), b"xx").unwrap();
+    fs::rename(t.m("dir/sub"), t.m("moved")).unwrap();
+    assert_eq!(fs::read(t.m("moved/x")).unwrap(), b"xx");
+    assert_eq!(fs::read(t.c("moved/x")).unwrap(), b"xx");
+
+    // Unlink and rmdir.
+    fs::remove_file(t.m("dir/h")).unwrap();
+    assert!(!t.s("dir/h").exists());
+    assert!(!t.c("dir/h").exists(), "cache entry dropped with the file");
+    assert_eq!(errno_of(fs::remove_dir(t.m("dir"))), libc::ENOTEMPTY);
+    fs::remove_file(t.m("dir/g")).unwrap();
+    fs::remove_dir(t.m("dir")).unwrap();
+    assert!(!t.s("dir").exists());
+    assert_eq!(errno_of(fs::metadata(t.m("dir"))), libc::ENOENT);
+}
+
+#[test]
+fn renameat2_flags_hard_links_symlinks_and_special_files() {
+    let t = TestMount::new(&[]);
+    fs::write(t.m("a"), b"A").unwrap();
+    fs::write(t.m("b"), b"B").unwrap();
+    let (a, b) = (cpath(&t.m("a")), cpath(&t.m("b")));
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(fs::read(t.s("a")).unwrap(), b"B");
+    assert_eq!(fs::read(t.m("a")).unwrap(), b"B");
+    assert_eq!(fs::read(t.m("b")).unwrap(), b"A");
+
+    // Hard links share an inode and show the right link count through either name.
+    fs::hard_link(t.m("a"), t.m("a2")).unwrap();
+    let (m1, m2) = (
+        fs::metadata(t.m("a")).unwrap(),
+        fs::metadata(t.m("a2")).unwrap(),
+    );
+    assert_eq!(m1.ino(), m2.ino());
+    assert_eq!(m2.nlink(), 2);
+    assert_eq!(
+        fs::metadata(t.s("a2")).unwrap().ino(),
+        fs::metadata(t.s("a")).unwrap().ino()
+    );
+    fs::remove_file(t.m("a")).unwrap();
+    assert_eq!(fs::metadata(t.m("a2")).unwrap().nlink(), 1);
+    assert_eq!(fs::read(t.m("a2")).unwrap(), b"B");
+
+    // Symlinks: created on the source, read back, never followed by the daemon.
+    std::os::unix::fs::symlink("a2", t.m("ln")).unwrap();
+    assert_eq!(fs::read_link(t.s("ln")).unwrap(), Path::new("a2"));
+    assert_eq!(fs::read_link(t.m("ln")).unwrap(), Path::new("a2"));
+    assert_eq!(
+        fs::read(t.m("ln")).unwrap(),
+        b"B",
+        "the kernel follows it inside the mount"
+    );
+    std::os::unix::fs::symlink("/etc/passwd", t.s("out")).unwrap();
+    assert_eq!(fs::read_link(t.m("out")).unwrap(), Path::new("/etc/passwd"));
+
+    // FIFO and socket nodes.
+    let fifo = cpath(&t.m("fifo"));
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    assert!(
+        fs::symlink_metadata(t.s("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo_like()
+    );
+    let sock = cpath(&t.m("sock"));
+    assert_eq!(
+        unsafe { libc::mknod(sock.as_ptr(), libc::S_IFSOCK | 0o600, 0) },
+        0
+    );
+    assert_eq!(
+        fs::symlink_metadata(t.s("sock")).unwrap().mode() & libc::S_IFMT,
+        libc::S_IFSOCK
+    );
+}
+
+trait FifoLike {
+    fn is_fifo_like(&self) -> bool;
+}
+impl FifoLike for fs::FileType {
+    fn is_fifo_like(&self) -> bool {
+        std::os::unix::fs::FileTypeExt::is_fifo(self)
+    }
+}
+
+#[test]
+fn attributes_xattrs_statfs_and_space() {
+    let t = TestMount::new(&[]);
+    fs::write(t.m("f"), pattern(10_000, 1)).unwrap();
+    fs::set_permissions(t.m("f"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(t.s("f")).unwrap().mode() & 0o7777, 0o640);
+    std::os::unix::fs::chown(t.m("f"), Some(1234), Some(4321)).unwrap();
+    let m = fs::metadata(t.s("f")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1234, 4321));
+
+    // atime alone (UTIME_OMIT for mtime) must set atime.
+    let p = cpath(&t.m("f"));
+    let times = [
+        libc::timespec {
+            tv_sec: 1_000_000,
+            tv_nsec: 5,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
+    let m = fs::metadata(t.s("f")).unwrap();
+    assert_eq!((m.atime(), m.atime_nsec()), (1_000_000, 5));
+    let mtimes = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 2_000_000,
+            tv_nsec: 7,
+        },
+    ];
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), mtimes.as_ptr(), 0) },
+        0
+    );
+    assert_eq!(fs::metadata(t.m("f")).unwrap().mtime(), 2_000_000);
+
+    // Truncate, shrinking and growing.
+    let f = fs::OpenOptions::new().write(true).open(t.m("f")).unwrap();
+    f.set_len(100).unwrap();
+    assert_eq!(fs::metadata(t.s("f")).unwrap().len(), 100);
+    f.set_len(5000).unwrap();
+    drop(f);
+    let mut want = pattern(10_000, 1);
+    want.truncate(100);
+    want.resize(5000, 0);
+    assert_eq!(fs::read(t.m("f")).unwrap(), want);
+    assert_eq!(fs::read(t.s("f")).unwrap(), want);
+
+    // Extended attributes.
+    let name = CString::new("user.hoard").unwrap();
+    let r = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), b"v1".as_ptr().cast(), 2, 0) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let mut buf = [0u8; 16];
+    let n = unsafe {
+        libc::getxattr(
+            cpath(&t.s("f")).as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            16,
+        )
+    };
+    assert_eq!(&buf[..n as usize], b"v1");
+    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(n, 2, "size query");
+    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 1) };
+    assert_eq!(
+        (n, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::ERANGE))
+    );
+    let n = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), 16) };
+    assert_eq!(&buf[..n as usize], b"user.hoard\0");
+    assert_eq!(unsafe { libc::removexattr(p.as_ptr(), name.as_ptr()) }, 0);
+    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 16) };
+    assert_eq!(
+        (n, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::ENODATA))
+    );
+
+    // statfs is the source's.
+    let mut a: libc::statvfs = unsafe { std::mem::zeroed() };
+    let mut b: libc::statvfs = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::statvfs(cpath(&t.mnt).as_ptr(), &mut a);
+        libc::statvfs(cpath(&t.src).as_ptr(), &mut b);
+    }
+    assert_eq!(
+        (a.f_blocks, a.f_bsize, a.f_namemax),
+        (b.f_blocks, b.f_bsize, b.f_namemax)
+    );
+
+    // fallocate and SEEK_DATA / SEEK_HOLE.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(t.m("sparse"))
+        .unwrap();
+    f.write_all_at(b"data", 1 << 20).unwrap();
+    let fd = f.as_raw_fd();
+    assert_eq!(
+        unsafe { libc::fallocate(fd, 0, 0, 8192) },
+        0,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(fs::metadata(t.s("sparse")).unwrap().len(), (1 << 20) + 4);
+    // The source's own answers (ext4 reports preallocated space as a hole).
+    let src = fs::File::open(t.s("sparse")).unwrap();
+    for (off, whence) in [
+        (0, libc::SEEK_DATA),
+        (0, libc::SEEK_HOLE),
+        (8192, libc::SEEK_DATA),
+        ((1 << 20) + 1, libc::SEEK_HOLE),
+    ] {
+        let m = unsafe { libc::lseek(fd, off, whence) };
+        let s = unsafe { libc::lseek(src.as_raw_fd(), off, whence) };
+        assert_eq!(m, s, "lseek({off}, {whence})");
+    }
+    assert_eq!(unsafe { libc::lseek(fd, 8192, libc::SEEK_DATA) }, 1 << 20);
+    let r = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            1 << 20,
+            2,
+        )
+    };
+    assert_eq!(r, 0);
+    let mut back = vec![0u8; 4];
+    f.read_exact_at(&mut back, 1 << 20).unwrap();
+    assert_eq!(back, b"\0\0ta");
+}
+
+#[test]
+fn posix_locks_are_taken_on_the_source() {
+    let t = TestMount::new(&[]);
+    fs::write(t.m("lockme"), b"x").unwrap();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.m("lockme"))
+        .unwrap();
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) }, 0);
+    // Another process on the source itself sees the lock.
+    let other = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.s("lockme"))
+        .unwrap();
+    let mut probe: libc::flock = unsafe { std::mem::zeroed() };
+    probe.l_type = libc::F_WRLCK as i16;
+    probe.l_whence = libc::SEEK_SET as i16;
+    assert_eq!(
+        unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) },
+        0
+    );
+    assert_eq!(
+        probe.l_type,
+        libc::F_WRLCK as i16,
+        "lock not visible on the source"
+    );
+    // Closing the file drops the lock, as POSIX says.
+    drop(f);
+    let mut probe: libc::flock = unsafe { std::mem::zeroed() };
+    probe.l_type = libc::F_WRLCK as i16;
+    probe.l_whence = libc::SEEK_SET as i16;
+    assert_eq!(
+        unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) },
+        0
+    );
+    assert_eq!(probe.l_type, libc::F_UNLCK as i16);
+}
+
+#[test]
+fn cached_data_survives_remount_without_reading_the_source() {
+    let t = &mut TestMount::new(&["--chunk-size", "64K", "--whole-file-threshold", "128K"]);
+    let small = pattern(100_000, 2);
+    let big = pattern(3_000_000, 3);
+    fs::write(t.s("small"), &small).unwrap();
+    fs::write(t.s("big"), &big).unwrap();
+    assert_eq!(fs::read(t.m("small")).unwrap(), small);
+    assert_eq!(fs::read(t.m("big")).unwrap(), big);
+    let first = t.stats().cache;
+    assert!(first.bytes_from_source >= (small.len() + big.len()) as u64);
+    // The cache mirrors the tree and is readable without hoardfs.
+    assert_eq!(fs::read(t.c("small")).unwrap(), small);
+    assert_eq!(fs::read(t.c("big")).unwrap(), big);
+
+    t.remount();
+    assert_eq!(fs::read(t.m("small")).unwrap(), small);
+    assert_eq!(fs::read(t.m("big")).unwrap(), big);
+    let s = t.stats().cache;
+    assert_eq!(
+        s.bytes_from_source, 0,
+        "remount must serve from the cache: {s:?}"
+    );
+    assert_eq!(s.open_hits, 2);
+}
+
+#[test]
+fn partially_cached_large_files_fetch_only_missing_chunks() {
+    let t = &mut TestMount::new(&["--chunk-size", "64K", "--whole-file-threshold", "128K"]);
+    let big = pattern(1 << 20, 4);
+    fs::write(t.s("big"), &big).unwrap();
+    let f = fs::File::open(t.m("big")).unwrap();
+    let mut buf = vec![0u8; 1000];
+    f.read_exact_at(&mut buf, 300_000).unwrap();
+    assert_eq!(buf, big[300_000..301_000]);
+    drop(f);
+    let s = t.stats().cache;
+    assert_eq!(s.chunks_fetched, 1, "one chunk for one small read: {s:?}");
+    assert!(s.bytes_from_source <= 65536);
+    t.remount();
+    let f = fs::File::open(t.m("big")).unwrap();
+    f.read_exact_at(&mut buf, 300_000).unwrap();
+    assert_eq!(buf, big[300_000..301_000]);
+    assert_eq!(
+        t.stats().cache.bytes_from_source,
+        0,
+        "the chunk bitmap persisted"
+    );
+}
+
+#[test]
+fn source_changes_are_seen_on_open() {
+    let t = &mut TestMount::new(&["--attr-ttl", "0", "--entry-ttl", "0"]);
+    fs::write(t.s("f"), b"version one").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"version one");
+    // New size and mtime, changed behind the mount.
+    fs::write(t.s("f"), b"version two, longer").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"version two, longer");
+    // Same size, only the mtime moves.
+    let before = fs::metadata(t.s("f")).unwrap();
+    let f = fs::OpenOptions::new().write(true).open(t.s("f")).unwrap();
+    f.write_all_at(b"VERSION", 0).unwrap();
+    drop(f);
+    let after = fs::metadata(t.s("f")).unwrap();
+    assert_eq!(before.len(), after.len());
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"VERSION two, longer");
+    assert!(t.stats().cache.stale_invalidations >= 2);
+
+    // Changed while unmounted.
+    t.unmount();
+    fs::write(t.s("f"), b"offline edit").unwrap();
+    t.mount();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"offline edit");
+}
+
+#[test]
+fn no_stale_check_trusts_the_cache() {
+    let t = &mut TestMount::new(&["--no-stale-check", "--attr-ttl", "0"]);
+    fs::write(t.s("f"), b"cached").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"cached");
+    t.unmount();
+    // Same size so that the kernel's view of the size does not cut the read short.
+    fs::write(t.s("f"), b"CHANGE").unwrap();
+    t.mount();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"cached");
+}
+
+#[test]
+fn fully_cached_files_are_read_through_passthrough() {
+    let t = &mut TestMount::new(&[]);
+    let data = pattern(4 << 20, 5);
+    fs::write(t.s("f"), &data).unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), data); // whole-file fetch on first open
+    let reads_before = t.stats().requests["read"];
+    for _ in 0..3 {
+        let mut f = fs::File::open(t.m("f")).unwrap();
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).unwrap();
+        assert_eq!(back, data);
+    }
+    let s = t.stats();
+    assert_eq!(
+        s.requests["read"], reads_before,
+        "passthrough reads must not reach the daemon"
+    );
+    assert!(s.cache.passthrough_opens >= 3);
+
+    // A writer while no reader is open: write-through, and readers then see the new bytes.
+    let f = fs::OpenOptions::new().write(true).open(t.m("f")).unwrap();
+    f.write_all_at(b"NEW", 10).unwrap();
+    drop(f);
+    assert_eq!(&fs::read(t.s("f")).unwrap()[10..13], b"NEW");
+    let mut f = fs::File::open(t.m("f")).unwrap();
+    let mut back = [0u8; 3];
+    f.seek(SeekFrom::Start(10)).unwrap();
+    f.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"NEW");
+}
+
+#[test]
+fn a_corrupt_record_is_discarded_and_the_file_refetched() {
+    let t = &mut TestMount::new(&[]);
+    fs::write(t.s("f"), b"good bytes").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"good bytes");
+    t.unmount();
+    // Corrupt both the cached data and its record.
+    fs::write(t.c("f"), b"evil bytes").unwrap();
+    let meta = t.cache.join("meta/f");
+    let mut rec = fs::read(&meta).unwrap();
+    let last = rec.len() - 1;
+    rec[last] ^= 0xff;
+    fs::write(&meta, rec).unwrap();
+    t.mount();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"good bytes");
+    assert_eq!(t.stats().cache.corrupt_records, 1);
+}
+
+#[test]
+fn cache_data_edited_behind_our_back_is_not_served() {
+    let t = &mut TestMount::new(&[]);
+    fs::write(t.s("f"), b"0123456789").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"0123456789");
+    t.unmount();
+    // A truncated cache file no longer matches its record.
+    fs::write(t.c("f"), b"0123").unwrap();
+    t.mount();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"0123456789");
+}
+
+#[test]
+fn sigkill_during_writes_loses_no_acknowledged_write() {
+    let t = &mut TestMount::new(&["--chunk-size", "64K", "--whole-file-threshold", "128K"]);
+    fs::write(t.s("seed"), pattern(500_000, 9)).unwrap();
+    assert_eq!(fs::read(t.m("seed")).unwrap().len(), 500_000);
+    let path = t.m("log");
+    let writer = std::thread::spawn(move || {
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        let mut acked = 0u64;
+        for i in 0u64.. {
+            let rec = format!("{i:016}\n");
+            if f.write_all(rec.as_bytes()).is_err() {
+                break;
+            }
+            acked = i + 1;
+        }
+        acked
+    });
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    t.crash();
+    let acked = writer.join().unwrap();
+    assert!(acked > 0);
+    let on_source = fs::read(t.s("log")).unwrap();
+    assert!(
+        on_source.len() as u64 >= acked * 17,
+        "acknowledged writes missing from the source"
+    );
+    for (i, line) in on_source.chunks(17).take(acked as usize).enumerate() {
+        assert_eq!(line, format!("{i:016}\n").as_bytes());
+    }
+    t.mount();
+    // The mount comes back by itself, and what it serves is the source's data.
+    assert_eq!(fs::read(t.m("log")).unwrap(), on_source);
+    assert_eq!(fs::read(t.m("seed")).unwrap(), pattern(500_000, 9));
+    t.unmount();
+    // No cache file marked valid differs from the source.
+    for name in ["log", "seed"] {
+        let meta = fs::read(t.cache.join("meta").join(name)).unwrap();
+        let rec = hoardfs::cache::CacheRecord::decode(&meta).unwrap();
+        let src = fs::read(t.s(name)).unwrap();
+        let cached = fs::read(t.c(name)).unwrap();
+        for c in 0..rec.nchunks() {
+            if rec.is_present(c) {
+                let (a, b) = (
+                    (c * rec.chunk_size) as usize,
+                    (((c + 1) * rec.chunk_size) as usize).min(src.len()),
+                );
+                assert_eq!(
+                    cached[a..b],
+                    src[a..b],
+                    "{name}: chunk {c} differs from the source"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_invocations_get_clear_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, mnt) = (d.path().join("src"), d.path().join("mnt"));
+    fs::create_dir_all(src.join("inner")).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    let run = |args: &[&std::ffi::OsStr]| Command::new(BIN).args(args).output().unwrap();
+
+    let out = run(&[
+        src.as_os_str(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        src.join("inner").as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("must not be inside the source"),
+        "{out:?}"
+    );
+
+    let out = run(&[
+        src.as_os_str(),
+        mnt.as_os_str(),
+        "-o".as_ref(),
+        "frobnicate=1".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mount option"));
+
+    let out = run(&[d.path().join("nope").as_os_str(), mnt.as_os_str()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("source"));
+
+    let out = run(&["stats".as_ref(), mnt.as_os_str()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a running hoardfs mount"));
+}
+
+#[test]
+fn daemon_mode_returns_once_mounted_and_sigterm_unmounts() {
+    let d = tempfile::tempdir().unwrap();
+    let base = fs::canonicalize(d.path()).unwrap();
+    let (src, mnt, cache) = (base.join("src"), base.join("mnt"), base.join("cache"));
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    fs::write(src.join("hello"), b"hi").unwrap();
+    let st = Command::new(BIN)
+        .arg(&src)
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Ready when the command returns: no waiting.
+    assert_eq!(fs::read(mnt.join("hello")).unwrap(), b"hi");
+    let snap = hoardfs::control::request_stats(&mnt).unwrap();
+    assert_eq!(snap.cache_dir, cache.display().to_string());
+    // Find the daemon and stop it with SIGTERM.
+    let pids = Command::new("pgrep")
+        .arg("-f")
+        .arg(format!("{} {}", src.display(), mnt.display()))
+        .output()
+        .unwrap();
+    let pid: i32 = String::from_utf8_lossy(&pids.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while common::is_mounted(&mnt) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGTERM did not unmount"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(fs::read(src.join("hello")).unwrap(), b"hi");
+}
+
+#[test]
+fn files_created_through_the_mount_belong_to_the_caller() {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let t = TestMount::new(&["--allow-other"]);
+    fs::set_permissions(&t.mnt, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::set_permissions(&t.src, fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!("echo hi > {0}/mine && mkdir {0}/d", t.mnt.display());
+    let st = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for name in ["mine", "d"] {
+        let m = fs::metadata(t.s(name)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (65534, 65534), "{name}");
+    }
+    // And the kernel's permission checks hold: nobody cannot write root's file.
+    fs::write(t.m("roots"), b"x").unwrap();
+    fs::set_permissions(t.m("roots"), fs::Permissions::from_mode(0o644)).unwrap();
+    let script = format!("echo no > {}/roots", t.mnt.display());
+    let st = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!st.success());
+    assert_eq!(fs::read(t.s("roots")).unwrap(), b"x");
+}
+
+#[test]
+fn open_unlinked_files_keep_working() {
+    let t = TestMount::new(&["--chunk-size", "64K", "--whole-file-threshold", "64K"]);
+    let data = pattern(300_000, 11);
+    fs::write(t.s("f"), &data).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.m("f"))
+        .unwrap();
+    fs::remove_file(t.m("f")).unwrap();
+    let mut buf = vec![0u8; 1000];
+    f.read_exact_at(&mut buf, 200_000).unwrap();
+    assert_eq!(buf, data[200_000..201_000]);
+    f.write_all_at(b"still here", 0).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 300_000);
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut head = [0u8; 10];
+    f.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"still here");
+}
+
+#[test]
+fn mode_bits_of_new_files_follow_the_callers_umask() {
+    let t = TestMount::new(&[]);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o640)
+        .open(t.m("x"))
+        .unwrap();
+    drop(f);
+    assert_eq!(
+        fs::metadata(t.s("x")).unwrap().mode() & 0o777,
+        0o640 & !current_umask()
+    );
+}
+
+fn current_umask() -> u32 {
+    let m = unsafe { libc::umask(0o022) };
+    unsafe { libc::umask(m) };
+    m
+}
