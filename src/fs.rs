@@ -255,10 +255,10 @@ impl CachingFs {
     /// Attributes of `inode`: from an open handle when there is one (the name may be gone),
     /// otherwise from its path.
     pub fn getattr(&self, id: u64, fh: Option<u64>) -> Result<FileAttr> {
-        if let Some(h) = fh.and_then(|fh| self.handle(fh).ok()) {
-            if let Some(src) = &h.source {
-                return Ok(attr_of(id, &fstat(src.as_fd()).map_err(errno)?));
-            }
+        if let Some(h) = fh.and_then(|fh| self.handle(fh).ok())
+            && let Some(src) = &h.source
+        {
+            return Ok(attr_of(id, &fstat(src.as_fd()).map_err(errno)?));
         }
         let inode = self.inode(id)?;
         match self.source.stat(&inode.path()) {
@@ -446,10 +446,10 @@ impl CachingFs {
         self.inodes.renamed(&from, &to, exchange);
         self.cache.rename(&from, &to, flags);
         // rename changes the file's ctime: keep its cache record matching (our own change).
-        if let Some(before) = before.filter(|b| b.is_file()) {
-            if let Ok(after) = self.source.stat(&to) {
-                self.own_change(&to, &before, &after);
-            }
+        if let Some(before) = before.filter(|b| b.is_file())
+            && let Ok(after) = self.source.stat(&to)
+        {
+            self.own_change(&to, &before, &after);
         }
         Ok(())
     }
@@ -519,12 +519,13 @@ impl CachingFs {
         let Ok(files) = self.cache.open_files(path) else {
             return;
         };
-        if let Ok(Some(Ok(mut rec))) = read_record(&files.meta) {
-            if !rec.dirty && rec.identity == SourceIdentity::of(before) && before.size == after.size
-            {
-                rec.identity = SourceIdentity::of(after);
-                let _ = write_record(&files.meta, &rec, false);
-            }
+        if let Ok(Some(Ok(mut rec))) = read_record(&files.meta)
+            && !rec.dirty
+            && rec.identity == SourceIdentity::of(before)
+            && before.size == after.size
+        {
+            rec.identity = SourceIdentity::of(after);
+            let _ = write_record(&files.meta, &rec, false);
         }
     }
 
@@ -546,11 +547,8 @@ impl CachingFs {
             None => self.source.stat(path),
         };
         match guard.as_mut() {
-            Some(state) => {
-                if r.is_err() || after.is_err() {
-                    self.drop_cached(state);
-                } else {
-                    let after = after.as_ref().unwrap();
+            Some(state) => match (&r, &after) {
+                (Ok(()), Ok(after)) => {
                     let ok = state
                         .files
                         .as_ref()
@@ -564,7 +562,8 @@ impl CachingFs {
                         self.drop_cached(state);
                     }
                 }
-            }
+                _ => self.drop_cached(state),
+            },
             None => {
                 if let Err(e) = self.cache.remove(path) {
                     tracing::warn!(?path, "cannot drop cache entry: {e}");
@@ -882,11 +881,11 @@ impl CachingFs {
 
     /// Drops a state that no handle uses (after a failed open).
     fn release_if_unused(&self, guard: &mut Option<FileState>) {
-        if let Some(state) = guard.as_mut() {
-            if state.daemon_opens + state.passthrough_opens == 0 {
-                self.checkpoint(state);
-                *guard = None;
-            }
+        if let Some(state) = guard.as_mut()
+            && state.daemon_opens + state.passthrough_opens == 0
+        {
+            self.checkpoint(state);
+            *guard = None;
         }
     }
 
@@ -973,10 +972,10 @@ impl CachingFs {
     fn drop_cached(&self, state: &mut FileState) {
         let identity = state.record.identity;
         state.record = CacheRecord::empty(identity, state.record.chunk_size);
-        if let Some(files) = &state.files {
-            if write_record(&files.meta, &state.record, true).is_err() {
-                state.files = None;
-            }
+        if let Some(files) = &state.files
+            && write_record(&files.meta, &state.record, true).is_err()
+        {
+            state.files = None;
         }
         state.unsynced = 0;
     }
@@ -990,12 +989,12 @@ impl CachingFs {
         }
         state.written = true;
         state.record.dirty = true;
-        if let Some(files) = &state.files {
-            if let Err(e) = write_record(&files.meta, &state.record, true) {
-                tracing::warn!("cannot mark cache record dirty: {e}");
-                Stats::add(&self.stats.cache.cache_errors, 1);
-                state.files = None;
-            }
+        if let Some(files) = &state.files
+            && let Err(e) = write_record(&files.meta, &state.record, true)
+        {
+            tracing::warn!("cannot mark cache record dirty: {e}");
+            Stats::add(&self.stats.cache.cache_errors, 1);
+            state.files = None;
         }
     }
 
@@ -1028,11 +1027,11 @@ impl CachingFs {
     }
 
     fn persist_record(&self, state: &mut FileState, durable: bool) {
-        if let Some(files) = &state.files {
-            if write_record(&files.meta, &state.record, durable).is_err() {
-                Stats::add(&self.stats.cache.cache_errors, 1);
-                state.files = None;
-            }
+        if let Some(files) = &state.files
+            && write_record(&files.meta, &state.record, durable).is_err()
+        {
+            Stats::add(&self.stats.cache.cache_errors, 1);
+            state.files = None;
         }
     }
 
@@ -1072,11 +1071,11 @@ impl CachingFs {
             if state.files.is_none() {
                 return;
             }
-            if !state.record.is_present(c) {
-                if let Err(e) = self.fetch_chunk(state, c) {
-                    tracing::debug!("whole-file fetch stopped: {e}");
-                    return;
-                }
+            if !state.record.is_present(c)
+                && let Err(e) = self.fetch_chunk(state, c)
+            {
+                tracing::debug!("whole-file fetch stopped: {e}");
+                return;
             }
         }
     }
@@ -1385,6 +1384,7 @@ impl CachingFs {
         Ok((s, e, fl.l_type as i32, 0))
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn setlk(
         &self,
         id: u64,

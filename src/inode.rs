@@ -122,15 +122,14 @@ impl InodeTable {
     pub fn lookup(&self, path: &Path, st: &Stat) -> Arc<Inode> {
         let mut inner = self.inner.lock().unwrap();
         let key = (st.dev, st.ino);
-        if let Some(&id) = inner.by_key.get(&key) {
-            if let Some((inode, count)) = inner.by_id.get_mut(&id) {
-                if inode.file_type == st.file_type() {
-                    *count += 1;
-                    let inode = inode.clone();
-                    inode.set_path(path);
-                    return inode;
-                }
-            }
+        if let Some(&id) = inner.by_key.get(&key)
+            && let Some((inode, count)) = inner.by_id.get_mut(&id)
+            && inode.file_type == st.file_type()
+        {
+            *count += 1;
+            let inode = inode.clone();
+            inode.set_path(path);
+            return inode;
         }
         let id = inner.next_id;
         inner.next_id += 1;
@@ -186,10 +185,8 @@ impl InodeTable {
             for p in inode.names.lock().unwrap().iter_mut() {
                 if let Ok(rest) = p.strip_prefix(from) {
                     *p = join(to, rest);
-                } else if exchange {
-                    if let Ok(rest) = p.strip_prefix(to) {
-                        *p = join(from, rest);
-                    }
+                } else if exchange && let Ok(rest) = p.strip_prefix(to) {
+                    *p = join(from, rest);
                 }
             }
         }

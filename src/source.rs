@@ -200,7 +200,7 @@ impl BeneathRoot {
         let comps: Vec<_> = rel.components().collect();
         for (i, c) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
-            if !last && piece.as_os_str().len() + c.as_os_str().len() + 1 <= MAX_PATH_PIECE {
+            if !last && piece.as_os_str().len() + c.as_os_str().len() < MAX_PATH_PIECE {
                 piece.push(c);
                 continue;
             }

@@ -720,7 +720,7 @@ fn mode_bits_of_new_files_follow_the_callers_umask() {
     let t = TestMount::new(&[]);
     let f = fs::OpenOptions::new()
         .write(true)
-        .create(true)
+        .create_new(true)
         .mode(0o640)
         .open(t.m("x"))
         .unwrap();
