@@ -69,26 +69,51 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     });
     let fs = Arc::new(fs);
 
-    let mut options = vec![
-        MountOption::FSName(cfg.source.display().to_string()),
-        MountOption::Subtype("hoardfs".into()),
-        MountOption::DefaultPermissions,
-    ];
-    if cfg.read_only {
-        options.push(MountOption::RO);
-    }
-    let mut fuse_cfg = fuser::Config::default();
-    fuse_cfg.mount_options = options;
-    fuse_cfg.acl = if cfg.allow_other {
+    let acl = if cfg.allow_other {
         SessionACL::All
     } else {
         SessionACL::Owner
     };
+    let mut fuse_cfg = fuser::Config::default();
+    fuse_cfg.acl = acl;
     fuse_cfg.n_threads = Some(cfg.threads);
     fuse_cfg.clone_fd = true;
-
-    let mut session = Session::new(FuseAdapter { fs: fs.clone() }, &cfg.mountpoint, &fuse_cfg)
-        .with_context(|| format!("cannot mount on {}", cfg.mountpoint.display()))?;
+    let adapter = FuseAdapter { fs: fs.clone() };
+    let (session, unmount): (Session<FuseAdapter>, Box<dyn FnMut() + Send>) =
+        if rustix::process::geteuid().is_root() {
+            // As root we mount ourselves, so that the type reads "fuse.hoardfs" (fuser's
+            // own mount call always says "fuse"), as mount(8), fstab and xfstests expect.
+            let fd = mount_as_root(&cfg)?;
+            let session = Session::from_fd(adapter, fd, acl, fuse_cfg).with_context(|| {
+                format!("FUSE handshake on {} failed", cfg.mountpoint.display())
+            })?;
+            let mp = cfg.mountpoint.clone();
+            let unmount = move || {
+                if let Err(e) = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH) {
+                    tracing::warn!("unmount failed: {e}");
+                }
+            };
+            (session, Box::new(unmount))
+        } else {
+            let mut options = vec![
+                MountOption::FSName(cfg.source.display().to_string()),
+                MountOption::Subtype("hoardfs".into()),
+                MountOption::DefaultPermissions,
+            ];
+            if cfg.read_only {
+                options.push(MountOption::RO);
+            }
+            fuse_cfg.mount_options = options;
+            let mut session = Session::new(adapter, &cfg.mountpoint, &fuse_cfg)
+                .with_context(|| format!("cannot mount on {}", cfg.mountpoint.display()))?;
+            let mut unmounter = session.unmount_callable();
+            let unmount = move || {
+                if let Err(e) = unmounter.unmount() {
+                    tracing::warn!("unmount failed: {e}");
+                }
+            };
+            (session, Box::new(unmount))
+        };
 
     // Kernel invalidations run on their own thread: a notification sent from a request
     // handler can deadlock against the kernel waiting for that very request.
@@ -103,16 +128,14 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             }
         })?;
 
-    let mut unmounter = session.unmount_callable();
+    let mut unmount = unmount;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 tracing::info!("signal {sig}: unmounting");
-                if let Err(e) = unmounter.unmount() {
-                    tracing::warn!("unmount failed: {e}");
-                }
+                unmount();
             }
         })?;
 
@@ -129,6 +152,36 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     r.context("FUSE session failed")?;
     tracing::info!("unmounted");
     Ok(())
+}
+
+/// Opens /dev/fuse and mounts it as `fuse.hoardfs` with the source as the device name.
+fn mount_as_root(cfg: &Config) -> anyhow::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    use rustix::mount::MountFlags;
+    let fd = rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+        .context("cannot open /dev/fuse (is the fuse module loaded?)")?;
+    let root_mode = rustix::fs::stat(&cfg.mountpoint)?.st_mode & libc::S_IFMT;
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id=0,group_id=0,default_permissions",
+        fd.as_raw_fd(),
+        root_mode
+    );
+    if cfg.allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
+    if cfg.read_only {
+        flags |= MountFlags::RDONLY;
+    }
+    rustix::mount::mount(
+        cfg.source.as_os_str(),
+        &cfg.mountpoint,
+        "fuse.hoardfs",
+        flags,
+        Some(std::ffi::CString::new(data)?.as_c_str()),
+    )
+    .with_context(|| format!("cannot mount on {}", cfg.mountpoint.display()))?;
+    Ok(fd)
 }
 
 /// A daemon's output goes to `CACHE_DIR/hoardfs.log`.

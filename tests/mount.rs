@@ -736,3 +736,29 @@ fn current_umask() -> u32 {
     unsafe { libc::umask(m) };
     m
 }
+
+#[test]
+fn a_writer_cannot_join_passthrough_readers_but_can_without_passthrough() {
+    let t = TestMount::new(&[]);
+    fs::write(t.s("f"), b"cached").unwrap();
+    let reader = fs::File::open(t.m("f")).unwrap(); // fetched whole: passthrough
+    assert_eq!(t.stats().cache.passthrough_opens, 1);
+    let w = fs::OpenOptions::new().write(true).open(t.m("f"));
+    assert_eq!(errno_of(w), libc::ETXTBSY, "documented restriction");
+    drop(reader);
+    // The reader's release may still be in flight: the writer waits for it.
+    let w = fs::OpenOptions::new().write(true).open(t.m("f")).unwrap();
+    w.write_all_at(b"C", 0).unwrap();
+    drop(w);
+    assert_eq!(fs::read(t.s("f")).unwrap(), b"Cached");
+
+    let t = TestMount::new(&["--no-passthrough"]);
+    fs::write(t.s("f"), b"cached").unwrap();
+    let reader = fs::File::open(t.m("f")).unwrap();
+    let w = fs::OpenOptions::new().write(true).open(t.m("f")).unwrap();
+    w.write_all_at(b"C", 0).unwrap();
+    let mut back = [0u8; 6];
+    reader.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(&back, b"Cached", "the reader sees the write");
+    assert_eq!(t.stats().cache.passthrough_opens, 0);
+}

@@ -25,7 +25,7 @@ pub fn is_mounted(mnt: &Path) -> bool {
     let want = mnt.to_str().unwrap();
     info.lines().any(|l| {
         let f: Vec<&str> = l.split(' ').collect();
-        f.len() > 4 && f[4] == want && l.contains(" - fuse")
+        f.len() > 4 && f[4] == want && l.contains(" - fuse.hoardfs ")
     })
 }
 
