@@ -516,7 +516,7 @@ impl CachingFs {
             }
         }
         // Not open: update the record on disk if it matched the old version.
-        let Ok(files) = self.cache.open_files(path) else {
+        let Some(files) = self.cache.open_existing(path) else {
             return;
         };
         if let Ok(Some(Ok(mut rec))) = read_record(&files.meta)
@@ -729,14 +729,7 @@ impl CachingFs {
     /// Flags for opening the source: the caller's access mode and sync flags. Offsets come
     /// from the kernel, so O_APPEND is not passed; O_TRUNC arrives as a setattr.
     fn source_flags(flags: i32) -> i32 {
-        let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
-        let acc = if flags & libc::O_ACCMODE == libc::O_WRONLY {
-            // We may need to read back for the cache: open read-write when asked to write.
-            libc::O_RDWR
-        } else {
-            flags & libc::O_ACCMODE
-        };
-        (flags & keep & !libc::O_ACCMODE & !libc::O_NOATIME) | acc
+        flags & (libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC)
     }
 
     /// Opens a regular file. `make_backing` registers a cache file for passthrough.
@@ -799,7 +792,8 @@ impl CachingFs {
         let state = guard.as_mut().unwrap();
 
         let source = if writable || !state.complete() {
-            match self.source.open_file(&path, Self::source_flags(flags)) {
+            let opened = self.source.open_file(&path, Self::source_flags(flags));
+            match opened {
                 Ok(f) => Some(f),
                 Err(e) => {
                     self.release_if_unused(&mut guard);

@@ -108,6 +108,15 @@ impl CacheStore {
         })
     }
 
+    /// Opens the data file and record of `rel` if both exist (never creates anything).
+    pub fn open_existing(&self, rel: &Path) -> Option<CacheFiles> {
+        let open = |tree: &BeneathRoot| tree.openat(rel, OFlags::RDWR, 0).ok().map(File::from);
+        Some(CacheFiles {
+            meta: open(&self.meta)?,
+            data: open(&self.data)?,
+        })
+    }
+
     /// Removes whatever the cache holds for `rel` (file or directory subtree).
     pub fn remove(&self, rel: &Path) -> io::Result<()> {
         remove_tree(&self.meta, rel)?;
