@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +56,9 @@ pub struct FileState {
     /// A read-only descriptor of the source file, for fetching; opened while the file is
     /// not fully cached, so that fetches work even after the name is unlinked.
     fetch_src: Option<File>,
+    /// An `O_PATH` descriptor of the source file (cheap: no open on the server), so that
+    /// `fstat` of an open file whose name is gone still answers.
+    path_fd: Option<OwnedFd>,
     daemon_opens: u32,
     passthrough_opens: u32,
     backing: Weak<BackingId>,
@@ -274,16 +277,16 @@ impl CachingFs {
         }
     }
 
-    /// A descriptor of the source file behind an open inode, if any handle holds one.
-    fn open_source_fd(&self, inode: &Arc<Inode>) -> Option<File> {
-        if let Some(f) = inode.file().as_ref().and_then(|s| s.fetch_src.as_ref()) {
-            return crate::source::dup_file(f.as_fd()).ok();
-        }
-        let handles = self.handles.lock().unwrap();
-        let h = handles
-            .values()
-            .find(|h| h.inode.id == inode.id && h.source.is_some())?;
-        crate::source::dup_file(h.source.as_ref().unwrap().as_fd()).ok()
+    /// A descriptor of the source file behind an open inode, if one is open.
+    fn open_source_fd(&self, inode: &Arc<Inode>) -> Option<OwnedFd> {
+        let guard = inode.file();
+        let state = guard.as_ref()?;
+        let fd = state
+            .path_fd
+            .as_ref()
+            .map(|f| f.as_fd())
+            .or(state.fetch_src.as_ref().map(|f| f.as_fd()))?;
+        crate::source::dup_file(fd).ok().map(OwnedFd::from)
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
@@ -699,7 +702,10 @@ impl CachingFs {
         {
             let mut guard = inode.file();
             if guard.is_none() {
-                let (state, _) = self.load_state(&path, &st, true);
+                let (mut state, _) = self.load_state(&path, &st, true);
+                state.path_fd = crate::source::dup_file(file.as_fd())
+                    .ok()
+                    .map(OwnedFd::from);
                 *guard = Some(state);
             }
             let state = guard.as_mut().unwrap();
@@ -742,7 +748,11 @@ impl CachingFs {
         let inode = self.inode(id)?;
         let path = inode.path();
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let st = self.source.stat(&path).map_err(errno)?;
+        let path_fd = self
+            .source
+            .openat(&path, rustix::fs::OFlags::PATH, 0)
+            .map_err(errno)?;
+        let st = fstat(path_fd.as_fd()).map_err(errno)?;
         if !st.is_file() {
             return Err(Errno::EINVAL);
         }
@@ -751,7 +761,8 @@ impl CachingFs {
         let mut keep_cache = true;
         match guard.as_mut() {
             None => {
-                let (state, reset) = self.load_state(&path, &st, false);
+                let (mut state, reset) = self.load_state(&path, &st, false);
+                state.path_fd = Some(path_fd);
                 keep_cache = !reset;
                 fresh = true;
                 *guard = Some(state);
@@ -892,6 +903,7 @@ impl CachingFs {
             files: None,
             record: CacheRecord::empty(identity, self.cfg.chunk_size),
             fetch_src: None,
+            path_fd: None,
             daemon_opens: 0,
             passthrough_opens: 0,
             backing: Weak::new(),

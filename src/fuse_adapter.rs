@@ -46,16 +46,22 @@ impl FuseAdapter {
         let c = &self.fs.cfg;
         match r {
             Ok(attr) => reply.entry_with_ttls(&c.attr_ttl, &c.entry_ttl, &attr, GEN),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Like `entry`, but a missing name becomes a negative entry (node id 0) that the
+    /// kernel remembers for the negative TTL. Only for lookup: the kernel answers EIO to a
+    /// node id 0 from mkdir, mknod, symlink or link.
+    fn lookup_entry(&self, reply: ReplyEntry, r: crate::fs::Result<fuser::FileAttr>) {
+        let c = &self.fs.cfg;
+        match r {
             Err(e) if e == Errno::ENOENT && !c.negative_ttl.is_zero() => {
-                // Node id 0 is a negative entry: the kernel remembers the name is absent.
-                let mut attr = crate::fs::attr_of(
-                    0,
-                    &crate::source::Stat::from_libc(&unsafe { std::mem::zeroed() }),
-                );
-                attr.ino = INodeNo(0);
+                let zero = crate::source::Stat::from_libc(&unsafe { std::mem::zeroed() });
+                let attr = crate::fs::attr_of(0, &zero);
                 reply.entry_with_ttls(&Duration::ZERO, &c.negative_ttl, &attr, GEN)
             }
-            Err(e) => reply.error(e),
+            r => self.entry(reply, r),
         }
     }
 
@@ -102,7 +108,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.fs.stats.count(Op::Lookup);
-        self.entry(reply, self.fs.lookup(parent.0, name));
+        self.lookup_entry(reply, self.fs.lookup(parent.0, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

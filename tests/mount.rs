@@ -762,3 +762,32 @@ fn a_writer_cannot_join_passthrough_readers_but_can_without_passthrough() {
     assert_eq!(&back, b"Cached", "the reader sees the write");
     assert_eq!(t.stats().cache.passthrough_opens, 0);
 }
+
+#[test]
+fn fstat_of_an_open_unlinked_cached_file_answers() {
+    let t = TestMount::new(&[]);
+    fs::write(t.s("f"), b"Hello").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"Hello"); // fully cached
+    let f = fs::File::open(t.m("f")).unwrap();
+    fs::remove_file(t.m("f")).unwrap();
+    let m = f.metadata().unwrap();
+    assert_eq!((m.nlink(), m.len()), (0, 5));
+}
+
+#[test]
+fn creating_in_a_directory_removed_behind_the_mount_is_enoent() {
+    let t = TestMount::new(&[]);
+    fs::create_dir(t.m("sub")).unwrap();
+    fs::metadata(t.m("sub")).unwrap();
+    fs::remove_dir(t.s("sub")).unwrap();
+    assert_eq!(errno_of(fs::create_dir(t.m("sub/x"))), libc::ENOENT);
+    assert_eq!(
+        errno_of(std::os::unix::fs::symlink("t", t.m("sub/l"))),
+        libc::ENOENT
+    );
+    fs::write(t.m("file"), b"x").unwrap();
+    assert_eq!(
+        errno_of(fs::hard_link(t.m("file"), t.m("sub/h"))),
+        libc::ENOENT
+    );
+}
