@@ -26,7 +26,7 @@ use crate::cache::record::chunk_count;
 use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::config::Config;
-use crate::inode::{Inode, InodeTable, ROOT_ID};
+use crate::inode::{Inode, InodeTable};
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
 
@@ -1419,9 +1419,5 @@ impl CachingFs {
             });
         }
         Ok(())
-    }
-
-    pub fn root_id(&self) -> u64 {
-        ROOT_ID
     }
 }

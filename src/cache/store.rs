@@ -6,7 +6,6 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::OFlags;
@@ -269,15 +268,6 @@ fn remove_at(dir: &OwnedFd, name: &CString) -> io::Result<()> {
         }
         _ => Err(err),
     }
-}
-
-/// The path of `rel` inside the data tree (for people and tests, not for the daemon's I/O).
-pub fn data_path(root: &Path, rel: &Path) -> PathBuf {
-    let mut p = root.join("data");
-    if !rel.as_os_str().as_bytes().is_empty() {
-        p.push(rel);
-    }
-    p
 }
 
 #[cfg(test)]
