@@ -39,6 +39,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Change tunables of a running mount: max_inodes=N, inode_free_min=N,
+    /// inode_min_age=SECS, inode_max_age=SECS, inode_freeing=on|off.
+    Set {
+        /// The mount point of a running hoardfs.
+        mountpoint: PathBuf,
+        /// KEY=VALUE pairs.
+        #[arg(required = true)]
+        settings: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -84,6 +93,11 @@ pub struct MountArgs {
     #[arg(short = 'r', long, help_heading = KERNEL)]
     pub read_only: bool,
 
+    /// Soft maximum of inodes the daemon keeps; above it the kernel is asked to drop cold
+    /// entries [default: what fits in 2% of RAM, 16Ki..256Ki].
+    #[arg(long, help_heading = KERNEL)]
+    pub max_inodes: Option<usize>,
+
     /// Stay in the foreground (do not daemonize).
     #[arg(short = 'f', long, help_heading = PROCESS)]
     pub foreground: bool,
@@ -92,7 +106,7 @@ pub struct MountArgs {
     pub threads: Option<usize>,
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
     /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, no_stale_check,
-    /// no_passthrough, allow_other, ro, rw, threads=N; the generic mount(8) options
+    /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N; the generic mount(8) options
     /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
     /// are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS", help_heading = PROCESS)]
@@ -147,7 +161,9 @@ impl MountArgs {
             foreground: false,
             threads: 4,
             checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
+            max_inodes: 0,
         };
+        let mut max_inodes = None;
         let mut cache_dir = None;
         for opt in self
             .options
@@ -174,6 +190,13 @@ impl MountArgs {
                     c.threads = need(value)?
                         .parse()
                         .map_err(|_| format!("invalid threads in {opt:?}"))?
+                }
+                "max_inodes" => {
+                    max_inodes = Some(
+                        need(value)?
+                            .parse()
+                            .map_err(|_| format!("invalid max_inodes in {opt:?}"))?,
+                    )
                 }
                 "no_stale_check" => c.stale_check = false,
                 "stale_check" => c.stale_check = true,
@@ -209,6 +232,10 @@ impl MountArgs {
         if let Some(v) = self.threads {
             c.threads = v;
         }
+        c.max_inodes = self
+            .max_inodes
+            .or(max_inodes)
+            .unwrap_or_else(config::default_max_inodes);
         c.stale_check &= !self.no_stale_check;
         c.passthrough &= !self.no_passthrough;
         c.allow_other |= self.allow_other;
@@ -258,11 +285,31 @@ mod tests {
     }
 
     #[test]
+    fn max_inodes_option() {
+        let c = parse(&["hoardfs", "/src", "/mnt", "-o", "max_inodes=5000"]).unwrap();
+        assert_eq!(c.max_inodes, 5000);
+        let c = parse(&[
+            "hoardfs",
+            "/src",
+            "/mnt",
+            "--max-inodes",
+            "7",
+            "-o",
+            "max_inodes=5",
+        ]);
+        assert_eq!(c.unwrap().max_inodes, 7, "flags win over -o");
+        let d = parse(&["hoardfs", "/src", "/mnt"]).unwrap().max_inodes;
+        assert!((16 << 10..=256 << 10).contains(&d), "default {d}");
+    }
+
+    #[test]
     fn stats_subcommand() {
         let cli = Cli::try_parse_from(["hoardfs", "stats", "/mnt", "--json"]).unwrap();
         assert!(matches!(
             cli.command,
             Some(Command::Stats { json: true, .. })
         ));
+        let cli = Cli::try_parse_from(["hoardfs", "set", "/mnt", "max_inodes=10"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Set { .. })));
     }
 }

@@ -1,5 +1,5 @@
-//! The control socket: how `hoardfs stats MOUNTPOINT` (and later run-time switches) reach a
-//! running daemon. One Unix socket per mount in the runtime directory, named by a hash of
+//! The control socket: how `hoardfs stats MOUNTPOINT` and `hoardfs set MOUNTPOINT KEY=VALUE`
+//! reach a running daemon. One Unix socket per mount in the runtime directory, named by a hash of
 //! the mount point (socket paths are limited to 108 bytes). Requests are one line of text,
 //! answers one line of JSON; the daemon serves them on its own thread.
 
@@ -34,10 +34,12 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
     ))
 }
 
-/// Serves control requests until the process exits.
+/// Serves control requests until the process exits: `stats`, and `set KEY VALUE` (handed
+/// to `set`, which answers an error message or nothing).
 pub fn serve(
     mountpoint: &Path,
     snapshot: impl Fn() -> Snapshot + Send + 'static,
+    set: impl Fn(&str, &str) -> Result<(), String> + Send + 'static,
 ) -> anyhow::Result<PathBuf> {
     let path = socket_path(mountpoint);
     std::fs::create_dir_all(path.parent().unwrap())?;
@@ -57,6 +59,17 @@ pub fn serve(
                 }
                 let answer = match line.trim() {
                     "stats" => serde_json::to_string(&snapshot()).unwrap_or_default(),
+                    other if other.starts_with("set ") => {
+                        let mut words = other.split_whitespace().skip(1);
+                        let r = match (words.next(), words.next(), words.next()) {
+                            (Some(k), Some(v), None) => set(k, v),
+                            _ => Err("usage: set KEY VALUE".into()),
+                        };
+                        match r {
+                            Ok(()) => serde_json::json!({ "ok": true }).to_string(),
+                            Err(e) => serde_json::json!({ "error": e }).to_string(),
+                        }
+                    }
                     other => serde_json::json!({ "error": format!("unknown request {other:?}") })
                         .to_string(),
                 };
@@ -67,8 +80,9 @@ pub fn serve(
     Ok(path)
 }
 
-/// Asks the daemon of `mountpoint` for its counters.
-pub fn request_stats(mountpoint: &Path) -> anyhow::Result<Snapshot> {
+/// Sends one request line to the daemon of `mountpoint`; returns the canonical mount
+/// point, the socket path and the answer line.
+fn request(mountpoint: &Path, req: &str) -> anyhow::Result<(PathBuf, PathBuf, String)> {
     let mp = std::fs::canonicalize(mountpoint)
         .with_context(|| format!("{}: no such mount point", mountpoint.display()))?;
     let path = socket_path(&mp);
@@ -80,9 +94,31 @@ pub fn request_stats(mountpoint: &Path) -> anyhow::Result<Snapshot> {
         )
     })?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    writeln!(conn, "stats")?;
+    writeln!(conn, "{req}")?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
+    Ok((mp, path, line))
+}
+
+/// Changes a tunable of the running mount (`hoardfs set`).
+pub fn request_set(mountpoint: &Path, key: &str, value: &str) -> anyhow::Result<()> {
+    if key.is_empty() || value.is_empty() || key.contains(char::is_whitespace) {
+        bail!("invalid setting {key:?}={value:?}");
+    }
+    if value.contains(char::is_whitespace) {
+        bail!("{key}: value {value:?} must not contain spaces");
+    }
+    let (_, _, line) = request(mountpoint, &format!("set {key} {value}"))?;
+    let v: serde_json::Value = serde_json::from_str(&line).context("bad answer from the daemon")?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("{e}");
+    }
+    Ok(())
+}
+
+/// Asks the daemon of `mountpoint` for its counters.
+pub fn request_stats(mountpoint: &Path) -> anyhow::Result<Snapshot> {
+    let (mp, path, line) = request(mountpoint, "stats")?;
     let snap: Snapshot = serde_json::from_str(&line).context("bad answer from the daemon")?;
     if Path::new(&snap.mountpoint) != mp {
         bail!(

@@ -26,7 +26,7 @@ use crate::cache::record::chunk_count;
 use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::config::Config;
-use crate::inode::{Inode, InodeTable};
+use crate::inode::{Inode, InodeLimits, InodeTable};
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
 
@@ -195,7 +195,7 @@ impl CachingFs {
         Ok(CachingFs {
             source,
             cache,
-            inodes: InodeTable::new(&root),
+            inodes: InodeTable::new(&root, InodeLimits::new(cfg.max_inodes)),
             handles: Mutex::default(),
             dirs: Mutex::default(),
             locks: Mutex::default(),
@@ -247,6 +247,7 @@ impl CachingFs {
             requests: self.stats.requests(),
             cache: self.stats.cache_snapshot(),
             inodes: self.inodes.len() as u64,
+            inode_table: self.inodes.snapshot(),
             open_handles: self.handles.lock().unwrap().len() as u64,
             cache_bytes,
             cache_files,
@@ -293,7 +294,7 @@ impl CachingFs {
         let dir = self.inode(parent)?;
         let path = child(&dir.path(), name)?;
         let st = self.source.stat(&path).map_err(errno)?;
-        let inode = self.inodes.lookup(&path, &st);
+        let inode = self.inodes.lookup(parent, &path, &st);
         Ok(attr_of(inode.id, &st))
     }
 
@@ -315,9 +316,9 @@ impl CachingFs {
         self.source.chown_new(path, uid, gid).map_err(errno)
     }
 
-    fn entry_after_create(&self, path: &Path) -> Result<FileAttr> {
+    fn entry_after_create(&self, parent: u64, path: &Path) -> Result<FileAttr> {
         let st = self.source.stat(path).map_err(errno)?;
-        let inode = self.inodes.lookup(path, &st);
+        let inode = self.inodes.lookup(parent, path, &st);
         Ok(attr_of(inode.id, &st))
     }
 
@@ -334,13 +335,15 @@ impl CachingFs {
         let dir = self.inode(parent)?.path();
         let path = child(&dir, name)?;
         self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
-        self.finish_create(&path, &dir, mode, uid, gid)
+        self.finish_create(parent, &path, &dir, mode, uid, gid)
     }
 
     /// Gives a new object to the caller; `chown` by root clears set-id bits, so they are
     /// put back afterwards.
+    #[allow(clippy::too_many_arguments)]
     fn finish_create(
         &self,
+        parent: u64,
         path: &Path,
         dir: &Path,
         mode: u32,
@@ -358,7 +361,7 @@ impl CachingFs {
             };
             self.source.set_attr(path, None, &set).map_err(errno)?;
         }
-        self.entry_after_create(path)
+        self.entry_after_create(parent, path)
     }
 
     pub fn mkdir(
@@ -376,7 +379,7 @@ impl CachingFs {
             let _ = self.source.rmdir(&path);
             return Err(e);
         }
-        self.entry_after_create(&path)
+        self.entry_after_create(parent, &path)
     }
 
     pub fn symlink(
@@ -394,7 +397,7 @@ impl CachingFs {
             let _ = self.source.unlink(&path);
             return Err(e);
         }
-        self.entry_after_create(&path)
+        self.entry_after_create(parent, &path)
     }
 
     pub fn readlink(&self, id: u64) -> Result<Vec<u8>> {
@@ -418,10 +421,7 @@ impl CachingFs {
     }
 
     fn find_inode(&self, path: &Path, st: &Stat) -> Option<Arc<Inode>> {
-        // A lookup+forget pair finds the entry without changing its count.
-        let inode = self.inodes.lookup(path, st);
-        self.inodes.forget(inode.id, 1);
-        self.inodes.get(inode.id)
+        self.inodes.find(path, st)
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
@@ -446,7 +446,7 @@ impl CachingFs {
         let before = self.source.stat(&from).ok();
         self.source.rename(&from, &to, flags).map_err(errno)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        self.inodes.renamed(&from, &to, exchange);
+        self.inodes.renamed(&from, &to, exchange, parent, newparent);
         self.cache.rename(&from, &to, flags);
         // rename changes the file's ctime: keep its cache record matching (our own change).
         if let Some(before) = before.filter(|b| b.is_file())
@@ -466,7 +466,7 @@ impl CachingFs {
         if before.is_file() {
             self.own_change(&from, &before, &st);
         }
-        let inode = self.inodes.lookup(&to, &st);
+        let inode = self.inodes.lookup(newparent, &to, &st);
         // Keep using the old name while it exists: the cache entry lives under it.
         inode.set_path(&from);
         inode.set_path(&to);
@@ -684,7 +684,7 @@ impl CachingFs {
                 .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
             {
                 Ok(file) => {
-                    let attr = self.finish_create(&path, &dir, mode, uid, gid)?;
+                    let attr = self.finish_create(parent, &path, &dir, mode, uid, gid)?;
                     (file, attr)
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
@@ -692,7 +692,7 @@ impl CachingFs {
                         .source
                         .open_file(&path, Self::source_flags(flags) | (flags & libc::O_TRUNC))
                         .map_err(errno)?;
-                    (file, self.entry_after_create(&path)?)
+                    (file, self.entry_after_create(parent, &path)?)
                 }
                 Err(e) => return Err(errno(e)),
             };

@@ -1,25 +1,101 @@
-//! The daemon's inode table: kernel node ids to source objects.
+//! The daemon's inode table: kernel node ids to source objects, sized by demand.
 //!
 //! Node ids are our own monotonic counter, never the source's inode number (an inode number
 //! reused by the source must never reach the kernel as a node it already knows, see go-fuse
-//! #372). Entries follow the kernel's lookup counts exactly: `lookup`, `create`, `mkdir`,
-//! `mknod`, `symlink` and `link` add one, `forget` subtracts; at zero the entry leaves the
-//! table (open handles keep their `Arc<Inode>` alive until release). Hard links share one
-//! entry through the `(dev, ino)` index.
+//! #372), and never reused: a freed id is gone for good, so a stale id can only miss
+//! (`ESTALE`), never reach another file. Generations therefore stay 0.
 //!
-//! Each entry keeps the paths of the names it is known by (the last used first); renames
-//! through the mount rewrite the paths of the renamed subtree, unlinks drop a name.
+//! Entries follow the kernel's lookup counts exactly: `lookup`, `create`, `mkdir`, `mknod`,
+//! `symlink` and `link` add one, `forget` subtracts. An entry the kernel references (count
+//! above zero) is never freed. Hard links share one entry through the `(dev, ino)` index.
+//! Each entry keeps the paths of the names it is known by (the last used first) and the node
+//! id of the directory its first name was reached through; renames through the mount
+//! rewrite the paths of the renamed subtree, unlinks drop a name.
+//!
+//! The table grows and shrinks like the dynamic vnodes of DEC OSF/1 (John, 1995):
+//! - An entry whose count reaches zero goes to the tail of an LRU free list, keeping its
+//!   id, key and names. A lookup of the same `(dev, ino)` revives it with the same node id
+//!   (a reuse). It stays at least `min_age` (the paper's vnode-age) unless the table is over
+//!   its soft maximum, and the newest `free_min` entries (minimum-free-vnodes) stay until
+//!   `max_age`.
+//! - Excess free entries are freed from the head in batches, under one lock: on `forget` once
+//!   the excess reaches [`BATCH`], and on the periodic [`InodeTable::maintain`] (for age).
+//!   The paper's marker measured how fast the free list cycles; here each entry carries the
+//!   time it was freed, so the head's age is that measure, read in O(1): a young head means
+//!   demand is high and nothing is freed.
+//! - When the kernel references more entries than `max_inodes`, [`InodeTable::maintain`]
+//!   names the least recently looked-up ones so that the caller can ask the kernel to drop
+//!   their dentries (FUSE `notify_inval_entry`); their `forget`s then shrink the table.
+//! - Nothing outside the table holds a node id it could dereference after a free: handles
+//!   own an `Arc<Inode>` (and the kernel holds a count for every open file), and everything
+//!   else goes through [`InodeTable::get`], which answers `None` for a freed id.
+//!
+//! The free list and the recency list are queues with lazy deletion: each entry carries a
+//! stamp, a queue item whose stamp no longer matches is skipped, and a queue is compacted
+//! when more than half of it is stale, so every operation is O(1) amortised.
 //!
 //! Lock order: `InodeTable::inner` before `Inode::names` before `Inode::file`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::fs::FileState;
 use crate::source::Stat;
+use crate::stats::InodeSnapshot;
 
 pub const ROOT_ID: u64 = 1;
+
+/// Free entries beyond the limits are freed once this many have accumulated, so that the
+/// lock is taken for a batch rather than for every forget.
+pub const BATCH: usize = 128;
+/// At most this many entries are freed, or named for invalidation, per call, to bound how
+/// long the table lock is held.
+const MAX_PER_CALL: usize = 16 * 1024;
+/// After this many frees the periodic pass hands freed heap memory back to the system.
+const MALLOC_TRIM_FREES: u64 = 64 * 1024;
+/// Freed keys remembered to count lookups that would have reused a freed entry (the paper's
+/// "hits rejected by age").
+const GHOSTS: usize = 16 * 1024;
+
+/// The table's tunables; all can be changed on a live mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InodeLimits {
+    /// Soft maximum of entries: above it free entries are freed regardless of age, and
+    /// cold referenced entries are handed to the kernel for invalidation.
+    pub max_inodes: usize,
+    /// Free entries kept for reuse regardless of `min_age` (up to `max_age`).
+    pub free_min: usize,
+    /// A free entry younger than this is not freed while the table is under its maximum.
+    pub min_age: Duration,
+    /// A free entry older than this is freed even if fewer than `free_min` are free.
+    pub max_age: Duration,
+    /// Off: entries are never freed and the kernel is never asked to drop entries (the
+    /// allocate-only table, for comparison).
+    pub freeing: bool,
+}
+
+impl InodeLimits {
+    pub fn new(max_inodes: usize) -> InodeLimits {
+        let max_inodes = max_inodes.max(1);
+        InodeLimits {
+            max_inodes,
+            // A sixteenth of the maximum: enough to keep a working set across a burst of
+            // forgets (the kernel forgets in LRU batches), small beside the maximum.
+            free_min: (max_inodes / 16).clamp(1, 64 * 1024),
+            // A re-lookup after a forget usually follows within seconds (the kernel evicts
+            // under memory pressure, then a program stats the file again).
+            min_age: Duration::from_secs(10),
+            // So that the table shrinks back within a minute of the kernel dropping its
+            // caches.
+            max_age: Duration::from_secs(30),
+            freeing: true,
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct Inode {
@@ -28,6 +104,9 @@ pub struct Inode {
     /// `S_IF*` type bits; a name whose type changes gets a new inode.
     pub file_type: u32,
     pub key: (u64, u64),
+    /// Node id of the directory the first of `names` was last reached through (for
+    /// `notify_inval_entry`; best effort after `link` and after unlinks of other links).
+    parent: AtomicU64,
     /// Paths (relative to the source root) of the names this inode is known by, the one
     /// last used first. More than one only for hard links.
     pub names: Mutex<Vec<PathBuf>>,
@@ -36,6 +115,17 @@ pub struct Inode {
 }
 
 impl Inode {
+    fn new(id: u64, file_type: u32, key: (u64, u64), parent: u64, path: &Path) -> Inode {
+        Inode {
+            id,
+            file_type,
+            key,
+            parent: AtomicU64::new(parent),
+            names: Mutex::new(vec![path.to_path_buf()]),
+            file: Mutex::new(None),
+        }
+    }
+
     /// The path of the name last used to reach this inode.
     pub fn path(&self) -> PathBuf {
         self.names
@@ -61,54 +151,245 @@ impl Inode {
         }
     }
 
+    pub fn parent(&self) -> u64 {
+        self.parent.load(Ordering::Relaxed)
+    }
+
     pub fn file(&self) -> MutexGuard<'_, Option<FileState>> {
         self.file.lock().unwrap()
     }
 }
 
+#[derive(Debug)]
+struct Entry {
+    inode: Arc<Inode>,
+    /// The kernel's lookup count; zero means the entry is on the free list.
+    count: u64,
+    /// Matches the entry's one valid item in `free_q` (count zero) or `recent` (count above
+    /// zero); other items for this id are stale.
+    stamp: u64,
+    /// When the count reached zero, in ms since the table was made.
+    freed_at: u64,
+}
+
 #[derive(Debug, Default)]
+struct Counters {
+    allocations: u64,
+    frees: u64,
+    reuses: u64,
+    lookups: u64,
+    misses_after_free: u64,
+    invalidations: u64,
+    peak: u64,
+    /// `frees` when memory was last handed back to the system.
+    frees_at_trim: u64,
+}
+
+#[derive(Debug)]
 struct Inner {
-    by_id: HashMap<u64, (Arc<Inode>, u64)>,
+    by_id: HashMap<u64, Entry>,
     by_key: HashMap<(u64, u64), u64>,
     next_id: u64,
+    next_stamp: u64,
+    /// Entries with a count of zero, oldest first.
+    free_q: VecDeque<(u64, u64)>,
+    free_len: usize,
+    /// Entries with a count above zero, least recently looked up first.
+    recent: VecDeque<(u64, u64)>,
+    /// Keys of recently freed entries, oldest first, and the stamp of their last free.
+    ghost_q: VecDeque<((u64, u64), u64)>,
+    ghosts: HashMap<(u64, u64), u64>,
+    limits: InodeLimits,
+    n: Counters,
 }
 
 #[derive(Debug)]
 pub struct InodeTable {
     inner: Mutex<Inner>,
+    epoch: Instant,
+    /// Added to the clock; only tests move it.
+    skew_ms: AtomicU64,
 }
 
-impl InodeTable {
-    pub fn new(root: &Stat) -> InodeTable {
-        let mut inner = Inner {
-            next_id: ROOT_ID + 1,
-            ..Default::default()
-        };
-        let key = (root.dev, root.ino);
-        let inode = Arc::new(Inode {
-            id: ROOT_ID,
-            file_type: libc::S_IFDIR,
-            key,
-            names: Mutex::new(vec![PathBuf::new()]),
-            file: Mutex::new(None),
-        });
-        // The root is never forgotten: its count starts at one and is never released.
-        inner.by_id.insert(ROOT_ID, (inode, 1));
-        inner.by_key.insert(key, ROOT_ID);
-        InodeTable {
-            inner: Mutex::new(inner),
+impl Inner {
+    fn stamp(&mut self) -> u64 {
+        self.next_stamp += 1;
+        self.next_stamp
+    }
+
+    fn referenced(&self) -> usize {
+        self.by_id.len() - self.free_len
+    }
+
+    /// Puts `id` (count above zero) at the recent end of the recency queue.
+    fn touch(&mut self, id: u64) {
+        let stamp = self.stamp();
+        if let Some(e) = self.by_id.get_mut(&id) {
+            e.stamp = stamp;
+        }
+        self.recent.push_back((id, stamp));
+        if self.recent.len() > 2 * self.referenced() + 1024 {
+            let by_id = &self.by_id;
+            self.recent
+                .retain(|(id, s)| by_id.get(id).is_some_and(|e| e.count > 0 && e.stamp == *s));
         }
     }
 
+    /// The count of `id` dropped to zero: onto the tail of the free list.
+    fn release(&mut self, id: u64, now: u64) {
+        let stamp = self.stamp();
+        let Some(e) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        e.stamp = stamp;
+        e.freed_at = now;
+        self.free_q.push_back((id, stamp));
+        self.free_len += 1;
+        if self.free_q.len() > 2 * self.free_len + 1024 {
+            let by_id = &self.by_id;
+            self.free_q
+                .retain(|(id, s)| by_id.get(id).is_some_and(|e| e.count == 0 && e.stamp == *s));
+        }
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(e) = self.by_id.remove(&id) else {
+            return;
+        };
+        if e.count == 0 {
+            self.free_len -= 1;
+        }
+        let key = e.inode.key;
+        if self.by_key.get(&key) == Some(&id) {
+            self.by_key.remove(&key);
+            let stamp = self.stamp();
+            self.ghost_q.push_back((key, stamp));
+            self.ghosts.insert(key, stamp);
+            if self.ghost_q.len() > GHOSTS
+                && let Some((k, s)) = self.ghost_q.pop_front()
+                && self.ghosts.get(&k) == Some(&s)
+            {
+                self.ghosts.remove(&k);
+            }
+        }
+        self.n.frees += 1;
+        if self.by_id.len() * 4 < self.by_id.capacity() && self.by_id.capacity() > 4096 {
+            self.by_id.shrink_to_fit();
+            self.by_key.shrink_to_fit();
+            self.free_q.shrink_to_fit();
+            self.recent.shrink_to_fit();
+        }
+    }
+
+    /// Frees entries from the head of the free list while they are in excess, at most
+    /// `budget` of them. Returns how many were freed.
+    fn trim(&mut self, now: u64, budget: usize) -> usize {
+        if !self.limits.freeing {
+            return 0;
+        }
+        let (min_age, max_age) = (
+            self.limits.min_age.as_millis() as u64,
+            self.limits.max_age.as_millis() as u64,
+        );
+        let mut freed = 0;
+        while freed < budget
+            && let Some(&(id, stamp)) = self.free_q.front()
+        {
+            let Some(e) = self
+                .by_id
+                .get(&id)
+                .filter(|e| e.count == 0 && e.stamp == stamp)
+            else {
+                self.free_q.pop_front();
+                continue;
+            };
+            let age = now.saturating_sub(e.freed_at);
+            let excess = age >= max_age
+                || self.by_id.len() > self.limits.max_inodes
+                || (self.free_len > self.limits.free_min && age >= min_age);
+            if !excess {
+                break;
+            }
+            self.free_q.pop_front();
+            self.remove(id);
+            freed += 1;
+        }
+        freed
+    }
+
+    /// Whether enough has accumulated for a batch of frees.
+    fn trim_due(&self) -> bool {
+        self.limits.freeing
+            && (self.free_len >= self.limits.free_min + BATCH
+                || self.by_id.len() >= self.limits.max_inodes + BATCH)
+    }
+}
+
+impl InodeTable {
+    pub fn new(root: &Stat, limits: InodeLimits) -> InodeTable {
+        let mut inner = Inner {
+            by_id: HashMap::new(),
+            by_key: HashMap::new(),
+            next_id: ROOT_ID + 1,
+            next_stamp: 0,
+            free_q: VecDeque::new(),
+            free_len: 0,
+            recent: VecDeque::new(),
+            ghost_q: VecDeque::new(),
+            ghosts: HashMap::new(),
+            limits,
+            n: Counters::default(),
+        };
+        let key = (root.dev, root.ino);
+        let inode = Arc::new(Inode::new(
+            ROOT_ID,
+            libc::S_IFDIR,
+            key,
+            ROOT_ID,
+            Path::new(""),
+        ));
+        // The root is never forgotten: its count starts at one and is never released. It
+        // is kept out of the recency queue, so it is never offered for invalidation.
+        inner.by_id.insert(
+            ROOT_ID,
+            Entry {
+                inode,
+                count: 1,
+                stamp: 0,
+                freed_at: 0,
+            },
+        );
+        inner.by_key.insert(key, ROOT_ID);
+        inner.n.allocations = 1;
+        inner.n.peak = 1;
+        InodeTable {
+            inner: Mutex::new(inner),
+            epoch: Instant::now(),
+            skew_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + self.skew_ms.load(Ordering::Relaxed)
+    }
+
+    /// Moves the table's clock forward (tests).
+    pub fn advance(&self, by: Duration) {
+        self.skew_ms
+            .fetch_add(by.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// The entry of node id `id`, if the table still has it (referenced or on the free list).
     pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
         self.inner
             .lock()
             .unwrap()
             .by_id
             .get(&id)
-            .map(|(i, _)| i.clone())
+            .map(|e| e.inode.clone())
     }
 
+    /// Entries in the table, referenced and free.
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap().by_id.len()
     }
@@ -117,32 +398,108 @@ impl InodeTable {
         self.len() == 0
     }
 
-    /// Records one kernel reference to the object `st` reached at `path`, returning its
-    /// entry (the existing one for a known `(dev, ino)` of the same type).
-    pub fn lookup(&self, path: &Path, st: &Stat) -> Arc<Inode> {
-        let mut inner = self.inner.lock().unwrap();
+    pub fn limits(&self) -> InodeLimits {
+        self.inner.lock().unwrap().limits.clone()
+    }
+
+    pub fn set_limits(&self, limits: InodeLimits) {
+        self.inner.lock().unwrap().limits = limits;
+    }
+
+    /// Changes one tunable by name (`hoardfs set`, the control socket).
+    pub fn set(&self, key: &str, value: &str) -> Result<(), String> {
+        let mut l = self.limits();
+        let num = || -> Result<usize, String> {
+            value
+                .parse::<usize>()
+                .map_err(|_| format!("{key}: invalid number {value:?}"))
+        };
+        let secs = || crate::config::parse_secs(value).map_err(|e| format!("{key}: {e}"));
+        match key {
+            "max_inodes" => l.max_inodes = num()?.max(1),
+            "inode_free_min" => l.free_min = num()?,
+            "inode_min_age" => l.min_age = secs()?,
+            "inode_max_age" => l.max_age = secs()?,
+            "inode_freeing" => {
+                l.freeing = match value {
+                    "on" | "1" | "true" => true,
+                    "off" | "0" | "false" => false,
+                    _ => return Err(format!("{key}: say on or off, not {value:?}")),
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "unknown setting {key:?} (max_inodes, inode_free_min, inode_min_age, \
+                     inode_max_age, inode_freeing)"
+                ));
+            }
+        }
+        self.set_limits(l);
+        Ok(())
+    }
+
+    /// Records one kernel reference to the object `st` reached at `path` in directory
+    /// `parent`, returning its entry: the existing one for a known `(dev, ino)` of the same
+    /// type (revived from the free list if the kernel had forgotten it), else a new one.
+    pub fn lookup(&self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode> {
+        let now = self.now();
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
+        inner.n.lookups += 1;
         let key = (st.dev, st.ino);
         if let Some(&id) = inner.by_key.get(&key)
-            && let Some((inode, count)) = inner.by_id.get_mut(&id)
-            && inode.file_type == st.file_type()
+            && let Some(e) = inner.by_id.get_mut(&id)
+            && e.inode.file_type == st.file_type()
         {
-            *count += 1;
-            let inode = inode.clone();
+            let inode = e.inode.clone();
+            e.count += 1;
+            if e.count == 1 {
+                inner.free_len -= 1;
+                inner.n.reuses += 1;
+            }
+            if id != ROOT_ID {
+                inner.touch(id);
+            }
             inode.set_path(path);
+            inode.parent.store(parent, Ordering::Relaxed);
             return inode;
+        }
+        if inner.trim_due() {
+            inner.trim(now, BATCH);
+        }
+        if inner.ghosts.remove(&key).is_some() {
+            inner.n.misses_after_free += 1;
         }
         let id = inner.next_id;
         inner.next_id += 1;
-        let inode = Arc::new(Inode {
+        let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        inner.by_id.insert(
             id,
-            file_type: st.file_type(),
-            key,
-            names: Mutex::new(vec![path.to_path_buf()]),
-            file: Mutex::new(None),
-        });
-        inner.by_id.insert(id, (inode.clone(), 1));
+            Entry {
+                inode: inode.clone(),
+                count: 1,
+                stamp: 0,
+                freed_at: 0,
+            },
+        );
         inner.by_key.insert(key, id);
+        inner.touch(id);
+        inner.n.allocations += 1;
+        inner.n.peak = inner.n.peak.max(inner.by_id.len() as u64);
         inode
+    }
+
+    /// The entry for the object `st` (at `path`, which becomes its first name), without
+    /// taking a reference; `None` if the table has none.
+    pub fn find(&self, path: &Path, st: &Stat) -> Option<Arc<Inode>> {
+        let inner = self.inner.lock().unwrap();
+        let id = inner.by_key.get(&(st.dev, st.ino))?;
+        let inode = &inner.by_id.get(id)?.inode;
+        if inode.file_type != st.file_type() {
+            return None;
+        }
+        inode.set_path(path);
+        Some(inode.clone())
     }
 
     /// The kernel dropped `n` references.
@@ -150,20 +507,19 @@ impl InodeTable {
         if id == ROOT_ID {
             return;
         }
+        let now = self.now();
         let mut inner = self.inner.lock().unwrap();
-        let Some((inode, count)) = inner.by_id.get_mut(&id) else {
+        let Some(e) = inner.by_id.get_mut(&id) else {
             return;
         };
-        *count = count.saturating_sub(n);
-        if *count == 0 {
-            let key = inode.key;
-            inner.by_id.remove(&id);
-            if inner.by_key.get(&key) == Some(&id) {
-                inner.by_key.remove(&key);
-            }
-            if inner.by_id.len() * 4 < inner.by_id.capacity() && inner.by_id.capacity() > 1024 {
-                inner.by_id.shrink_to_fit();
-                inner.by_key.shrink_to_fit();
+        if e.count == 0 {
+            return;
+        }
+        e.count = e.count.saturating_sub(n);
+        if e.count == 0 {
+            inner.release(id, now);
+            if inner.trim_due() {
+                inner.trim(now, MAX_PER_CALL);
             }
         }
     }
@@ -175,20 +531,120 @@ impl InodeTable {
         if inner.by_key.get(&inode.key) == Some(&inode.id) {
             inner.by_key.remove(&inode.key);
         }
+        // Unreachable now; if the kernel has forgotten it too, it is of no further use.
+        if inner.by_id.get(&inode.id).is_some_and(|e| e.count == 0) {
+            inner.remove(inode.id);
+        }
     }
 
     /// Rewrites the paths of every entry at or below `from` to lie below `to`; with
-    /// `exchange`, the two subtrees swap.
-    pub fn renamed(&self, from: &Path, to: &Path, exchange: bool) {
+    /// `exchange`, the two subtrees swap. `from_parent` and `to_parent` are the node ids of
+    /// the directories of `from` and `to`.
+    pub fn renamed(
+        &self,
+        from: &Path,
+        to: &Path,
+        exchange: bool,
+        from_parent: u64,
+        to_parent: u64,
+    ) {
         let inner = self.inner.lock().unwrap();
-        for (inode, _) in inner.by_id.values() {
-            for p in inode.names.lock().unwrap().iter_mut() {
+        for e in inner.by_id.values() {
+            let mut names = e.inode.names.lock().unwrap();
+            for p in names.iter_mut() {
                 if let Ok(rest) = p.strip_prefix(from) {
                     *p = join(to, rest);
                 } else if exchange && let Ok(rest) = p.strip_prefix(to) {
                     *p = join(from, rest);
                 }
             }
+            if names.first().map(PathBuf::as_path) == Some(to) {
+                e.inode.parent.store(to_parent, Ordering::Relaxed);
+            } else if exchange && names.first().map(PathBuf::as_path) == Some(from) {
+                e.inode.parent.store(from_parent, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Periodic work, run off the request threads: frees free entries past their age, and
+    /// when the kernel references more than `max_inodes` entries, returns `(parent, name)`
+    /// of the least recently looked-up ones for the kernel to drop (down to 15/16 of the
+    /// maximum, at most `MAX_PER_CALL` per call). Entries of open files are skipped.
+    pub fn maintain(&self) -> Vec<(u64, OsString)> {
+        let now = self.now();
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
+        inner.trim(now, MAX_PER_CALL);
+        if inner.n.frees >= inner.n.frees_at_trim + MALLOC_TRIM_FREES {
+            inner.n.frees_at_trim = inner.n.frees;
+            drop(guard);
+            // Entries are small allocations that the allocator keeps after a mass free
+            // (drop_caches after a walk): give them back, off the table lock.
+            #[cfg(target_env = "gnu")]
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            guard = self.inner.lock().unwrap();
+        }
+        let inner = &mut *guard;
+        let max = inner.limits.max_inodes;
+        if !inner.limits.freeing || inner.referenced() <= max {
+            return Vec::new();
+        }
+        let want = (inner.referenced() - (max - max / 16)).min(MAX_PER_CALL);
+        let mut out = Vec::with_capacity(want);
+        let mut seen = 0;
+        // Each referenced entry has one valid item; stop after one pass over them.
+        let limit = inner.referenced();
+        while out.len() < want
+            && seen < limit
+            && let Some((id, stamp)) = inner.recent.pop_front()
+        {
+            let Some(e) = inner
+                .by_id
+                .get(&id)
+                .filter(|e| e.count > 0 && e.stamp == stamp)
+            else {
+                continue;
+            };
+            seen += 1;
+            let inode = e.inode.clone();
+            // Back of the queue: if the kernel keeps it (in use), it is not asked again soon.
+            inner.touch(id);
+            let open = match inode.file.try_lock() {
+                Ok(f) => f.is_some(),
+                Err(_) => true,
+            };
+            if open {
+                continue;
+            }
+            if let Some(name) = inode.path().file_name() {
+                out.push((inode.parent(), name.to_os_string()));
+            }
+        }
+        inner.n.invalidations += out.len() as u64;
+        out
+    }
+
+    pub fn snapshot(&self) -> InodeSnapshot {
+        let inner = self.inner.lock().unwrap();
+        let l = &inner.limits;
+        InodeSnapshot {
+            entries: inner.by_id.len() as u64,
+            referenced: inner.referenced() as u64,
+            free: inner.free_len as u64,
+            peak: inner.n.peak,
+            allocations: inner.n.allocations,
+            frees: inner.n.frees,
+            reuses: inner.n.reuses,
+            lookups: inner.n.lookups,
+            misses_after_free: inner.n.misses_after_free,
+            invalidations: inner.n.invalidations,
+            max_inodes: l.max_inodes as u64,
+            free_min: l.free_min as u64,
+            min_age_ms: l.min_age.as_millis() as u64,
+            max_age_ms: l.max_age.as_millis() as u64,
+            freeing: l.freeing,
         }
     }
 }
@@ -223,47 +679,247 @@ mod tests {
         }
     }
 
+    fn file(ino: u64) -> Stat {
+        st(ino, libc::S_IFREG)
+    }
+
+    fn table(max: usize, free_min: usize) -> InodeTable {
+        let mut l = InodeLimits::new(max);
+        l.free_min = free_min;
+        InodeTable::new(&st(2, libc::S_IFDIR), l)
+    }
+
+    fn p(s: &str) -> PathBuf {
+        PathBuf::from(s)
+    }
+
     #[test]
     fn follows_lookup_counts_and_shares_hard_links() {
-        let t = InodeTable::new(&st(2, libc::S_IFDIR));
-        let a = t.lookup(Path::new("a"), &st(10, libc::S_IFREG));
-        let b = t.lookup(Path::new("b"), &st(10, libc::S_IFREG));
+        let t = table(1000, 0);
+        let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        let b = t.lookup(ROOT_ID, Path::new("b"), &file(10));
         assert_eq!(a.id, b.id, "hard links share one entry");
-        assert_eq!(a.path(), PathBuf::from("b"));
+        assert_eq!(a.path(), p("b"));
         a.remove_name(Path::new("b"));
-        assert_eq!(a.path(), PathBuf::from("a"), "the other link takes over");
+        assert_eq!(a.path(), p("a"), "the other link takes over");
         a.remove_name(Path::new("a"));
         assert_eq!(
             a.path(),
-            PathBuf::from("a"),
+            p("a"),
             "the last name stays (open unlinked files)"
         );
         t.forget(a.id, 1);
-        assert!(t.get(a.id).is_some());
+        assert_eq!(t.snapshot().referenced, 2);
         t.forget(a.id, 1);
-        assert!(t.get(a.id).is_none());
-        assert_eq!(t.len(), 1);
+        let s = t.snapshot();
+        assert_eq!(
+            (s.referenced, s.free),
+            (1, 1),
+            "forgotten: on the free list"
+        );
         // A reused inode number of another type is a new object.
-        let c = t.lookup(Path::new("c"), &st(11, libc::S_IFREG));
-        let d = t.lookup(Path::new("c"), &st(11, libc::S_IFDIR));
+        let c = t.lookup(ROOT_ID, Path::new("c"), &file(11));
+        let d = t.lookup(ROOT_ID, Path::new("c"), &st(11, libc::S_IFDIR));
         assert_ne!(c.id, d.id);
         assert!(d.id > c.id, "ids are never reused");
     }
 
     #[test]
-    fn rename_moves_subtrees() {
-        let t = InodeTable::new(&st(2, libc::S_IFDIR));
-        let x = t.lookup(Path::new("d/x"), &st(10, libc::S_IFREG));
-        let dd = t.lookup(Path::new("dd"), &st(11, libc::S_IFREG));
-        t.renamed(Path::new("d"), Path::new("e/f"), false);
-        assert_eq!(x.path(), PathBuf::from("e/f/x"));
+    fn a_quick_relookup_revives_the_same_node_id() {
+        let t = table(1000, 10);
+        let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        t.forget(a.id, 1);
+        assert!(t.get(a.id).is_some(), "kept on the free list");
+        let again = t.lookup(ROOT_ID, Path::new("a2"), &file(10));
+        assert_eq!(again.id, a.id);
+        assert!(Arc::ptr_eq(&again, &a));
+        assert_eq!(again.path(), p("a2"));
+        let s = t.snapshot();
         assert_eq!(
-            dd.path(),
-            PathBuf::from("dd"),
-            "prefix match is by component"
+            (s.reuses, s.allocations, s.free, s.referenced),
+            (1, 2, 0, 2)
         );
-        t.renamed(Path::new("e/f/x"), Path::new("dd"), true);
-        assert_eq!(x.path(), PathBuf::from("dd"));
-        assert_eq!(dd.path(), PathBuf::from("e/f/x"));
+        // Its count starts again from one.
+        t.forget(a.id, 1);
+        assert_eq!(t.snapshot().free, 1);
+    }
+
+    #[test]
+    fn excess_free_entries_are_freed_in_batches_oldest_first() {
+        let t = table(1_000_000, 10);
+        let ids: Vec<u64> = (0..500)
+            .map(|i| t.lookup(ROOT_ID, &p(&format!("f{i}")), &file(100 + i)).id)
+            .collect();
+        for &id in &ids {
+            t.forget(id, 1);
+        }
+        // Everything is younger than min_age: all kept.
+        assert_eq!(t.snapshot().free, 500);
+        assert_eq!(t.snapshot().frees, 0);
+        t.advance(Duration::from_secs(11));
+        // One more forget past the batch threshold frees the excess down to free_min.
+        let x = t.lookup(ROOT_ID, Path::new("x"), &file(99));
+        t.forget(x.id, 1);
+        let s = t.snapshot();
+        assert_eq!(s.free, 10, "{s:?}");
+        assert_eq!(s.frees, 491);
+        // The oldest went first; the newest forgotten are the ones kept.
+        assert!(t.get(ids[0]).is_none());
+        assert!(t.get(x.id).is_some());
+        assert!(t.get(ids[499]).is_some());
+        // Past max_age the periodic pass frees the rest.
+        t.advance(Duration::from_secs(31));
+        assert!(t.maintain().is_empty());
+        let s = t.snapshot();
+        assert_eq!((s.entries, s.free, s.referenced), (1, 0, 1));
+        assert!(s.peak >= 501);
+    }
+
+    #[test]
+    fn freed_ids_are_never_reused_and_misses_are_counted() {
+        let t = table(1_000_000, 0);
+        let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        t.forget(a.id, 1);
+        t.advance(Duration::from_secs(31));
+        t.maintain();
+        assert!(t.get(a.id).is_none(), "a freed id answers nothing (ESTALE)");
+        let b = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        assert!(b.id > a.id, "a new id, never the old one");
+        let s = t.snapshot();
+        assert_eq!((s.frees, s.misses_after_free, s.reuses), (1, 1, 0));
+    }
+
+    #[test]
+    fn referenced_entries_are_never_freed_even_far_over_the_maximum() {
+        let t = table(10, 0);
+        let held: Vec<Arc<Inode>> = (0..1000)
+            .map(|i| t.lookup(ROOT_ID, &p(&format!("f{i}")), &file(100 + i)))
+            .collect();
+        t.advance(Duration::from_secs(100));
+        t.maintain();
+        for i in &held {
+            assert!(t.get(i.id).is_some());
+        }
+        // Over the maximum, free entries go at once, whatever their age.
+        for i in &held[..500] {
+            t.forget(i.id, 1);
+        }
+        t.maintain();
+        let s = t.snapshot();
+        assert_eq!((s.referenced, s.free), (501, 0), "{s:?}");
+    }
+
+    #[test]
+    fn over_the_maximum_the_coldest_entries_are_named_for_invalidation() {
+        let t = table(100, 0);
+        let dir = t.lookup(ROOT_ID, Path::new("d"), &st(5, libc::S_IFDIR));
+        for i in 0..200 {
+            t.lookup(dir.id, &p(&format!("d/f{i}")), &file(100 + i));
+        }
+        // d is looked up again: now the most recent.
+        t.lookup(ROOT_ID, Path::new("d"), &st(5, libc::S_IFDIR));
+        let names = t.maintain();
+        // 201 referenced (plus the root) down to 15/16 of 100.
+        assert_eq!(names.len(), 202 - 94);
+        assert_eq!(names[0], (dir.id, OsString::from("f0")), "coldest first");
+        assert!(names.iter().all(|(parent, _)| *parent == dir.id));
+        assert_eq!(t.snapshot().invalidations, names.len() as u64);
+        // Asked entries go to the back: the next pass names the others first.
+        let again = t.maintain();
+        assert_eq!(again[0], (dir.id, OsString::from("f108")));
+        // Freeing off: an allocate-only table, nothing is asked.
+        t.set("inode_freeing", "off").unwrap();
+        assert!(t.maintain().is_empty());
+    }
+
+    #[test]
+    fn rename_moves_subtrees_and_parents() {
+        let t = table(1000, 10);
+        let d = t.lookup(ROOT_ID, Path::new("d"), &st(9, libc::S_IFDIR));
+        let x = t.lookup(d.id, Path::new("d/x"), &file(10));
+        let dd = t.lookup(ROOT_ID, Path::new("dd"), &file(11));
+        let e = t.lookup(ROOT_ID, Path::new("e"), &st(12, libc::S_IFDIR));
+        t.forget(x.id, 1); // free entries follow renames too
+        t.renamed(Path::new("d"), Path::new("e/f"), false, ROOT_ID, e.id);
+        assert_eq!(x.path(), p("e/f/x"));
+        assert_eq!(d.path(), p("e/f"));
+        assert_eq!(d.parent(), e.id);
+        assert_eq!(x.parent(), d.id, "children keep their directory");
+        assert_eq!(dd.path(), p("dd"), "prefix match is by component");
+        t.renamed(Path::new("e/f/x"), Path::new("dd"), true, d.id, ROOT_ID);
+        assert_eq!(x.path(), p("dd"));
+        assert_eq!(x.parent(), ROOT_ID);
+        assert_eq!(dd.path(), p("e/f/x"));
+        assert_eq!(dd.parent(), d.id);
+        assert_eq!(t.lookup(ROOT_ID, Path::new("dd"), &file(10)).id, x.id);
+    }
+
+    #[test]
+    fn find_takes_no_reference_and_unlinked_free_entries_go() {
+        let t = table(1000, 10);
+        assert!(t.find(Path::new("a"), &file(10)).is_none());
+        assert_eq!(t.snapshot().allocations, 1, "find allocates nothing");
+        let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        let found = t.find(Path::new("a"), &file(10)).unwrap();
+        assert_eq!(found.id, a.id);
+        assert_eq!(t.snapshot().referenced, 2);
+        t.forget(a.id, 1);
+        t.unlinked(&a);
+        assert!(t.get(a.id).is_none());
+        let b = t.lookup(ROOT_ID, Path::new("b"), &file(10));
+        assert_ne!(b.id, a.id, "a new object with the same inode number");
+    }
+
+    #[test]
+    fn queues_stay_bounded_under_churn() {
+        let t = table(50, 5);
+        let mut held = Vec::new();
+        for round in 0..200u64 {
+            for i in 0..100 {
+                let ino = 100 + (round * 37 + i) % 300;
+                held.push(t.lookup(ROOT_ID, &p(&format!("f{ino}")), &file(ino)).id);
+            }
+            for id in held.drain(..) {
+                t.forget(id, 1);
+            }
+            t.advance(Duration::from_secs(1));
+            t.maintain();
+        }
+        let inner = t.inner.lock().unwrap();
+        assert!(inner.recent.len() <= 2 * inner.referenced() + 1024 + 1);
+        assert!(inner.free_q.len() <= 2 * inner.free_len + 1024 + 1);
+        assert_eq!(inner.referenced(), 1);
+        assert!(inner.by_id.len() <= 51, "{}", inner.by_id.len());
+    }
+
+    #[test]
+    fn concurrent_lookups_and_forgets_keep_counts_exact() {
+        let t = Arc::new(table(8, 2));
+        let threads: Vec<_> = (0..8)
+            .map(|n| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for i in 0..5000u64 {
+                        let ino = 100 + (i * 7 + n) % 40;
+                        let a = t.lookup(ROOT_ID, &p(&format!("f{ino}")), &file(ino));
+                        assert_eq!(a.key, (1, ino));
+                        // While referenced, the id stays valid and means the same object.
+                        let got = t.get(a.id).expect("a referenced entry is never freed");
+                        assert!(Arc::ptr_eq(&got, &a));
+                        if i % 100 == 0 {
+                            t.maintain();
+                        }
+                        t.forget(a.id, 1);
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        let s = t.snapshot();
+        assert_eq!(s.referenced, 1, "{s:?}");
+        assert_eq!(s.allocations, s.frees + s.entries, "{s:?}");
+        assert_eq!(s.lookups, 40_000);
     }
 }

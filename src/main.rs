@@ -22,6 +22,15 @@ fn main() {
                     print!("{}", s.table());
                 }
             }),
+        Some(Command::Set {
+            mountpoint,
+            settings,
+        }) => settings.iter().try_for_each(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("{kv:?}: expected KEY=VALUE"))?;
+            hoardfs::control::request_set(&mountpoint, k, v)
+        }),
         None => match cli.mount.into_config() {
             Ok(cfg) => hoardfs::run::mount(cfg),
             Err(e) => {

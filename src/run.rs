@@ -3,6 +3,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use fuser::{INodeNo, MountOption, Session, SessionACL};
@@ -11,6 +12,9 @@ use crate::cache::CacheStore;
 use crate::config::Config;
 use crate::fs::CachingFs;
 use crate::fuse_adapter::FuseAdapter;
+
+/// How often the inode table frees aged entries and checks its soft maximum.
+const TABLE_TICK: Duration = Duration::from_millis(200);
 
 /// Mounts and serves. Without `foreground`, returns in the parent once the mount is ready
 /// (exit status tells whether it is), while a detached child serves it.
@@ -116,14 +120,34 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         };
 
     // Kernel invalidations run on their own thread: a notification sent from a request
-    // handler can deadlock against the kernel waiting for that very request.
+    // handler can deadlock against the kernel waiting for that very request. The same
+    // thread runs the inode table's periodic work (freeing aged entries; over the soft
+    // maximum, asking the kernel to drop cold dentries so that it forgets their inodes).
     let notifier = session.notifier();
+    let table_fs = Arc::downgrade(&fs);
     std::thread::Builder::new()
         .name("invalidate".into())
         .spawn(move || {
-            for id in inval_rx {
-                if let Err(e) = notifier.inval_inode(INodeNo(id), 0, 0) {
-                    tracing::debug!("inval_inode({id}): {e}");
+            let mut next_tick = Instant::now();
+            loop {
+                match inval_rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+                    Ok(id) => {
+                        if let Err(e) = notifier.inval_inode(INodeNo(id), 0, 0) {
+                            tracing::debug!("inval_inode({id}): {e}");
+                        }
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+                if Instant::now() < next_tick {
+                    continue;
+                }
+                next_tick = Instant::now() + TABLE_TICK;
+                let Some(fs) = table_fs.upgrade() else { return };
+                for (parent, name) in fs.inodes.maintain() {
+                    if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
+                        tracing::debug!("inval_entry({parent}, {name:?}): {e}");
+                    }
                 }
             }
         })?;
@@ -140,7 +164,12 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         })?;
 
     let snap_fs = fs.clone();
-    let socket = crate::control::serve(&cfg.mountpoint, move || snap_fs.snapshot())?;
+    let set_fs = fs.clone();
+    let socket = crate::control::serve(
+        &cfg.mountpoint,
+        move || snap_fs.snapshot(),
+        move |k, v| set_fs.inodes.set(k, v),
+    )?;
 
     if let Some(ready) = ready.take() {
         redirect_stdio(&cfg)?;

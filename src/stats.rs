@@ -97,6 +97,38 @@ pub struct Snapshot {
     pub open_handles: u64,
     pub cache_bytes: u64,
     pub cache_files: u64,
+    #[serde(default)]
+    pub inode_table: InodeSnapshot,
+}
+
+/// The inode table's size, counters and limits (`inode.rs`; the dynamic-vnodes paper's
+/// counters).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct InodeSnapshot {
+    /// Entries in the table: referenced by the kernel plus free.
+    pub entries: u64,
+    /// Entries the kernel holds (lookup count above zero).
+    pub referenced: u64,
+    /// Entries on the free list (forgotten, kept for reuse).
+    pub free: u64,
+    /// Most entries the table has held at once.
+    pub peak: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    /// Lookups that revived an entry from the free list (same node id).
+    pub reuses: u64,
+    /// Lookups (and creates, links) served by the table.
+    pub lookups: u64,
+    /// New entries for an object whose entry had recently been freed.
+    pub misses_after_free: u64,
+    /// Entries the kernel was asked to drop (over the soft maximum).
+    pub invalidations: u64,
+    pub max_inodes: u64,
+    pub free_min: u64,
+    pub min_age_ms: u64,
+    pub max_age_ms: u64,
+    pub freeing: bool,
 }
 
 impl Stats {
@@ -133,6 +165,31 @@ impl Snapshot {
             "cache use   {} bytes in {} files; {} inodes, {} open handles",
             self.cache_bytes, self.cache_files, self.inodes, self.open_handles
         );
+        let t = &self.inode_table;
+        let _ = writeln!(
+            s,
+            "\ninode table: {} entries ({} referenced, {} free), peak {}",
+            t.entries, t.referenced, t.free, t.peak
+        );
+        let _ = writeln!(
+            s,
+            "  limits: max {}, free min {}, min age {:.1}s, max age {:.1}s, freeing {}",
+            t.max_inodes,
+            t.free_min,
+            t.min_age_ms as f64 / 1000.0,
+            t.max_age_ms as f64 / 1000.0,
+            if t.freeing { "on" } else { "off" }
+        );
+        for (name, n) in [
+            ("allocations", t.allocations),
+            ("frees", t.frees),
+            ("reuses", t.reuses),
+            ("lookups", t.lookups),
+            ("misses_after_free", t.misses_after_free),
+            ("invalidations", t.invalidations),
+        ] {
+            let _ = writeln!(s, "  {name:<20} {n:>12}");
+        }
         let _ = writeln!(s, "\nrequests that reached the daemon:");
         for (name, n) in self.requests.iter().filter(|(_, n)| **n > 0) {
             let _ = writeln!(s, "  {name:<14} {n:>12}");
