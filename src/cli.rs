@@ -39,7 +39,27 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Change tunables of a running mount: max_inodes=N, inode_free_min=N,
+    /// Evict least-recently-used cached data now (down to the low watermark or --to).
+    Clean {
+        /// The mount point of a running hoardfs.
+        mountpoint: PathBuf,
+        /// Clean down to this size instead of the low watermark.
+        #[arg(long, value_parser = parse_size)]
+        to: Option<u64>,
+    },
+    /// Keep files or directory trees in the cache: the cleaner never evicts them.
+    Pin {
+        /// Paths inside a hoardfs mount.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Undo `pin`.
+    Unpin {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Change tunables of a running mount: cache_size=SIZE, high_watermark=PCT,
+    /// low_watermark=PCT, min_free=SIZE, max_inodes=N, inode_free_min=N,
     /// inode_min_age=SECS, inode_max_age=SECS, inode_freeing=on|off.
     Set {
         /// The mount point of a running hoardfs.
@@ -69,6 +89,21 @@ pub struct MountArgs {
     /// Chunk size for larger files, a power of two >= 4K [default: 1M].
     #[arg(long, value_parser = parse_size, help_heading = CACHING)]
     pub chunk_size: Option<u64>,
+    /// Cache size limit [default: --cache-share of the cache's file system].
+    #[arg(long, value_parser = parse_size, help_heading = CACHING)]
+    pub cache_size: Option<u64>,
+    /// Percent of the cache's file system the cache may use when --cache-size is not given [default: 80].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100), help_heading = CACHING)]
+    pub cache_share: Option<u8>,
+    /// The cleaner starts above this percent of the limit [default: 90].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100), help_heading = CACHING)]
+    pub high_watermark: Option<u8>,
+    /// The cleaner cleans down to this percent of the limit [default: 70].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=99), help_heading = CACHING)]
+    pub low_watermark: Option<u8>,
+    /// Free space to leave on the cache's file system [default: 5% of it].
+    #[arg(long, value_parser = parse_size, help_heading = CACHING)]
+    pub min_free: Option<u64>,
     /// Trust the cache: do not compare cached files with the source on open.
     #[arg(long, help_heading = CACHING)]
     pub no_stale_check: bool,
@@ -106,7 +141,8 @@ pub struct MountArgs {
     pub threads: Option<usize>,
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
     /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, no_stale_check,
-    /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N; the generic mount(8) options
+    /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
+    /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE; the generic mount(8) options
     /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
     /// are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS", help_heading = PROCESS)]
@@ -162,6 +198,11 @@ impl MountArgs {
             threads: 4,
             checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
             max_inodes: 0,
+            cache_size: None,
+            cache_share: config::DEFAULT_CACHE_SHARE,
+            high_watermark: config::DEFAULT_HIGH_WATERMARK,
+            low_watermark: config::DEFAULT_LOW_WATERMARK,
+            min_free: None,
         };
         let mut max_inodes = None;
         let mut cache_dir = None;
@@ -198,6 +239,19 @@ impl MountArgs {
                             .map_err(|_| format!("invalid max_inodes in {opt:?}"))?,
                     )
                 }
+                "cache_size" => c.cache_size = Some(parse_size(&need(value)?)?),
+                "min_free" => c.min_free = Some(parse_size(&need(value)?)?),
+                "cache_share" | "high_watermark" | "low_watermark" => {
+                    let v: u8 = need(value)?
+                        .trim_end_matches('%')
+                        .parse()
+                        .map_err(|_| format!("invalid percentage in {opt:?}"))?;
+                    match key {
+                        "cache_share" => c.cache_share = v,
+                        "high_watermark" => c.high_watermark = v,
+                        _ => c.low_watermark = v,
+                    }
+                }
                 "no_stale_check" => c.stale_check = false,
                 "stale_check" => c.stale_check = true,
                 "no_passthrough" => c.passthrough = false,
@@ -232,6 +286,11 @@ impl MountArgs {
         if let Some(v) = self.threads {
             c.threads = v;
         }
+        c.cache_size = self.cache_size.or(c.cache_size);
+        c.min_free = self.min_free.or(c.min_free);
+        c.cache_share = self.cache_share.unwrap_or(c.cache_share);
+        c.high_watermark = self.high_watermark.unwrap_or(c.high_watermark);
+        c.low_watermark = self.low_watermark.unwrap_or(c.low_watermark);
         c.max_inodes = self
             .max_inodes
             .or(max_inodes)

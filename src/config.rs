@@ -53,7 +53,21 @@ pub struct Config {
     pub checkpoint_chunks: u32,
     /// Soft maximum of inode-table entries (`inode.rs`).
     pub max_inodes: usize,
+    /// Cache size limit in bytes; `None`: `cache_share` percent of the cache's file system.
+    pub cache_size: Option<u64>,
+    pub cache_share: u8,
+    /// The cleaner starts above `high_watermark` percent of the limit and stops at `low_watermark`.
+    pub high_watermark: u8,
+    pub low_watermark: u8,
+    /// Free space kept on the cache's file system; `None`: 5 % of it.
+    pub min_free: Option<u64>,
 }
+
+/// Default share of the cache's file system that the cache may use.
+pub const DEFAULT_CACHE_SHARE: u8 = 80;
+/// xCachefs' cleaner: start at 90 %, clean down to 70 %.
+pub const DEFAULT_HIGH_WATERMARK: u8 = 90;
+pub const DEFAULT_LOW_WATERMARK: u8 = 70;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -163,6 +177,16 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "chunk size {} must be a power of two of at least 4 KiB",
                 self.chunk_size
+            )));
+        }
+        if !(1..=100).contains(&self.cache_share)
+            || self.low_watermark >= self.high_watermark
+            || self.high_watermark > 100
+        {
+            return Err(ConfigError::Invalid(format!(
+                "watermarks must satisfy low < high <= 100 and the cache share 1..=100 \
+                 (got low {}, high {}, share {})",
+                self.low_watermark, self.high_watermark, self.cache_share
             )));
         }
         if self.max_inodes == 0 {

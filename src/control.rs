@@ -34,13 +34,46 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
     ))
 }
 
-/// Serves control requests until the process exits: `stats`, and `set KEY VALUE` (handed
-/// to `set`, which answers an error message or nothing).
-pub fn serve(
-    mountpoint: &Path,
-    snapshot: impl Fn() -> Snapshot + Send + 'static,
-    set: impl Fn(&str, &str) -> Result<(), String> + Send + 'static,
-) -> anyhow::Result<PathBuf> {
+/// What the daemon does for control requests.
+pub trait Handler: Send + Sync + 'static {
+    fn stats(&self) -> Snapshot;
+    /// `set KEY VALUE`: change a tunable.
+    fn set(&self, key: &str, value: &str) -> Result<(), String>;
+    /// `clean [BYTES]`: evict now; answers the bytes freed.
+    fn clean(&self, to: Option<u64>) -> u64;
+    /// `pin REL` / `unpin REL` (REL relative to the mount point, may hold spaces).
+    fn pin(&self, rel: &Path, on: bool) -> Result<(), String>;
+}
+
+fn answer(handler: &dyn Handler, line: &str) -> String {
+    let ok = |r: Result<(), String>| match r {
+        Ok(()) => serde_json::json!({ "ok": true }).to_string(),
+        Err(e) => serde_json::json!({ "error": e }).to_string(),
+    };
+    let (verb, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match verb {
+        "stats" => serde_json::to_string(&handler.stats()).unwrap_or_default(),
+        "set" => {
+            let mut words = rest.split_whitespace();
+            ok(match (words.next(), words.next(), words.next()) {
+                (Some(k), Some(v), None) => handler.set(k, v),
+                _ => Err("usage: set KEY VALUE".into()),
+            })
+        }
+        "clean" => match rest.trim() {
+            "" => serde_json::json!({ "freed": handler.clean(None) }).to_string(),
+            n => match n.parse::<u64>() {
+                Ok(n) => serde_json::json!({ "freed": handler.clean(Some(n)) }).to_string(),
+                Err(_) => ok(Err(format!("clean: invalid size {n:?}"))),
+            },
+        },
+        "pin" | "unpin" if !rest.is_empty() => ok(handler.pin(Path::new(rest), verb == "pin")),
+        _ => ok(Err(format!("unknown request {line:?}"))),
+    }
+}
+
+/// Serves control requests until the process exits.
+pub fn serve(mountpoint: &Path, handler: std::sync::Arc<dyn Handler>) -> anyhow::Result<PathBuf> {
     let path = socket_path(mountpoint);
     std::fs::create_dir_all(path.parent().unwrap())?;
     let _ = std::fs::remove_file(&path);
@@ -57,24 +90,9 @@ pub fn serve(
                 if reader.read_line(&mut line).is_err() {
                     continue;
                 }
-                let answer = match line.trim() {
-                    "stats" => serde_json::to_string(&snapshot()).unwrap_or_default(),
-                    other if other.starts_with("set ") => {
-                        let mut words = other.split_whitespace().skip(1);
-                        let r = match (words.next(), words.next(), words.next()) {
-                            (Some(k), Some(v), None) => set(k, v),
-                            _ => Err("usage: set KEY VALUE".into()),
-                        };
-                        match r {
-                            Ok(()) => serde_json::json!({ "ok": true }).to_string(),
-                            Err(e) => serde_json::json!({ "error": e }).to_string(),
-                        }
-                    }
-                    other => serde_json::json!({ "error": format!("unknown request {other:?}") })
-                        .to_string(),
-                };
+                let reply = answer(handler.as_ref(), line.trim_end_matches('\n'));
                 let mut w = &conn;
-                let _ = writeln!(w, "{answer}");
+                let _ = writeln!(w, "{reply}");
             }
         })?;
     Ok(path)
@@ -114,6 +132,73 @@ pub fn request_set(mountpoint: &Path, key: &str, value: &str) -> anyhow::Result<
         bail!("{e}");
     }
     Ok(())
+}
+
+fn check_answer(line: &str) -> anyhow::Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(line).context("bad answer from the daemon")?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("{e}");
+    }
+    Ok(v)
+}
+
+/// Runs a clean on the mount now; returns the bytes freed.
+pub fn request_clean(mountpoint: &Path, to: Option<u64>) -> anyhow::Result<u64> {
+    let req = match to {
+        Some(n) => format!("clean {n}"),
+        None => "clean".into(),
+    };
+    let (_, _, line) = request(mountpoint, &req)?;
+    Ok(check_answer(&line)?["freed"].as_u64().unwrap_or(0))
+}
+
+/// The hoardfs mount point holding `path` (the longest `fuse.hoardfs` mount above it).
+pub fn mount_of(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let abs = std::fs::canonicalize(path).with_context(|| format!("{}", path.display()))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mp = info
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            (f.get(sep + 1) == Some(&"fuse.hoardfs")).then(|| PathBuf::from(unescape(f[4])))
+        })
+        .filter(|mp| abs.starts_with(mp))
+        .max_by_key(|mp| mp.as_os_str().len())
+        .ok_or_else(|| anyhow::anyhow!("{} is not inside a hoardfs mount", abs.display()))?;
+    let rel = abs.strip_prefix(&mp)?.to_path_buf();
+    Ok((mp, rel))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push(u8::from_str_radix(&s[i + 1..i + 4], 8).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Pins (or unpins) a path inside a mount.
+pub fn request_pin(path: &Path, on: bool) -> anyhow::Result<()> {
+    let (mp, rel) = mount_of(path)?;
+    if rel.as_os_str().is_empty() {
+        bail!("pin files or directories inside the mount, not the mount point itself");
+    }
+    let verb = if on { "pin" } else { "unpin" };
+    let (_, _, line) = request(&mp, &format!("{verb} {}", rel.display()))?;
+    check_answer(&line).map(|_| ())
 }
 
 /// Asks the daemon of `mountpoint` for its counters.

@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
@@ -25,6 +25,7 @@ use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 use crate::cache::record::chunk_count;
 use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
+use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
 use crate::config::Config;
 use crate::inode::{Inode, InodeLimits, InodeTable};
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
@@ -114,6 +115,14 @@ pub struct CachingFs {
     pub stats: Stats,
     /// Called with a node id whose kernel-cached data and attributes must be dropped.
     invalidate: Box<dyn Fn(u64) + Send + Sync>,
+    /// The cache's size estimate, limits and cleaner counters (`cleaner.rs`).
+    pub usage: Arc<Usage>,
+    pub pins: Arc<Pins>,
+    /// Inodes whose cache state is loaded (open through the mount): never evicted.
+    loaded: Mutex<HashMap<u64, Arc<Inode>>>,
+    /// Taken for reading while a cache state loads, for writing while the cleaner evicts a
+    /// file, so that no open file can load a record whose data is being removed.
+    evict_lock: RwLock<()>,
 }
 
 fn kind_of(mode: u32) -> FileType {
@@ -167,10 +176,10 @@ fn child(parent: &Path, name: &OsStr) -> Result<PathBuf> {
     })
 }
 
-fn now_secs() -> u64 {
+fn now_millis() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
+        .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
 
@@ -203,8 +212,69 @@ impl CachingFs {
             passthrough_ok: AtomicBool::new(cfg.passthrough),
             stats: Stats::default(),
             invalidate: Box::new(|_| {}),
+            usage: Arc::new(Usage::default()),
+            pins: Arc::new(Pins::load(&cfg.cache_dir)?),
+            loaded: Mutex::default(),
+            evict_lock: RwLock::new(()),
             cfg,
         })
+    }
+
+    /// The cache's limits from the configuration and the size of its file system.
+    pub fn initial_limits(cfg: &Config) -> anyhow::Result<Limits> {
+        let st = rustix::fs::statvfs(&cfg.cache_dir)?;
+        let fs_bytes = st.f_blocks * st.f_frsize;
+        Ok(Limits {
+            max_bytes: cfg
+                .cache_size
+                .unwrap_or(fs_bytes / 100 * cfg.cache_share as u64),
+            high_pct: cfg.high_watermark,
+            low_pct: cfg.low_watermark,
+            min_free_bytes: cfg.min_free.unwrap_or(fs_bytes / 20),
+        })
+    }
+
+    /// Changes a tunable of the running mount (`hoardfs set`).
+    pub fn set(&self, key: &str, value: &str) -> std::result::Result<(), String> {
+        let Some(mut l) = self.usage.limits() else {
+            return self.inodes.set(key, value);
+        };
+        let size = || crate::config::parse_size(value).map_err(|e| format!("{key}: {e}"));
+        let pct = || match value.trim_end_matches('%').parse::<u8>() {
+            Ok(p) if (1..=100).contains(&p) => Ok(p),
+            _ => Err(format!("{key}: a percentage from 1 to 100, not {value:?}")),
+        };
+        match key {
+            "cache_size" => l.max_bytes = size()?,
+            "min_free" => l.min_free_bytes = size()?,
+            "high_watermark" => l.high_pct = pct()?,
+            "low_watermark" => l.low_pct = pct()?,
+            _ => return self.inodes.set(key, value),
+        }
+        if l.low_pct >= l.high_pct {
+            return Err("low_watermark must be below high_watermark".into());
+        }
+        self.usage.set_limits(Some(l));
+        Ok(())
+    }
+
+    /// Pins or unpins a path (relative to the mount) so the cleaner never evicts it.
+    pub fn pin(&self, rel: &Path, on: bool) -> std::result::Result<(), String> {
+        crate::source::check_relative(rel)
+            .map_err(|_| format!("{}: not a path inside the mount", rel.display()))?;
+        if on {
+            self.source
+                .stat(rel)
+                .map_err(|e| format!("{}: {e}", rel.display()))?;
+        }
+        self.pins
+            .set(rel, on)
+            .map_err(|e| format!("cannot save pins: {e}"))
+    }
+
+    /// Runs a clean now, down to `to` bytes or the low watermark.
+    pub fn clean(&self, to: Option<u64>) -> u64 {
+        crate::cleaner::clean_once(&self.cfg.cache_dir, &self.pins, &self.usage, to, self)
     }
 
     /// Installs the hook that drops the kernel's cached copy of a node (FUSE notify).
@@ -239,7 +309,10 @@ impl CachingFs {
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        let (cache_bytes, cache_files) = self.cache.usage();
+        let (cache_bytes, cache_files) = (
+            self.usage.bytes.load(Ordering::Relaxed),
+            self.usage.files.load(Ordering::Relaxed),
+        );
         Snapshot {
             mountpoint: self.cfg.mountpoint.display().to_string(),
             source: self.cfg.source.display().to_string(),
@@ -251,6 +324,7 @@ impl CachingFs {
             open_handles: self.handles.lock().unwrap().len() as u64,
             cache_bytes,
             cache_files,
+            cleaner: self.usage.snapshot(),
         }
     }
 
@@ -702,7 +776,7 @@ impl CachingFs {
         {
             let mut guard = inode.file();
             if guard.is_none() {
-                let (mut state, _) = self.load_state(&path, &st, true);
+                let (mut state, _) = self.load_state(&inode, &path, &st, true);
                 state.path_fd = crate::source::dup_file(file.as_fd())
                     .ok()
                     .map(OwnedFd::from);
@@ -761,7 +835,7 @@ impl CachingFs {
         let mut keep_cache = true;
         match guard.as_mut() {
             None => {
-                let (mut state, reset) = self.load_state(&path, &st, false);
+                let (mut state, reset) = self.load_state(&inode, &path, &st, false);
                 state.path_fd = Some(path_fd);
                 keep_cache = !reset;
                 fresh = true;
@@ -788,14 +862,14 @@ impl CachingFs {
             let deadline = Instant::now() + PASSTHROUGH_RELEASE_WAIT;
             while guard.as_ref().unwrap().passthrough_opens > 0 {
                 if Instant::now() > deadline {
-                    self.release_if_unused(&mut guard);
+                    self.release_if_unused(&inode, &mut guard);
                     return Err(Errno::ETXTBSY);
                 }
                 drop(guard);
                 std::thread::sleep(Duration::from_millis(2));
                 guard = inode.file();
                 if guard.is_none() {
-                    let (state, _) = self.load_state(&path, &st, false);
+                    let (state, _) = self.load_state(&inode, &path, &st, false);
                     *guard = Some(state);
                 }
             }
@@ -807,7 +881,7 @@ impl CachingFs {
             match opened {
                 Ok(f) => Some(f),
                 Err(e) => {
-                    self.release_if_unused(&mut guard);
+                    self.release_if_unused(&inode, &mut guard);
                     return Err(errno(e));
                 }
             }
@@ -885,19 +959,33 @@ impl CachingFs {
     }
 
     /// Drops a state that no handle uses (after a failed open).
-    fn release_if_unused(&self, guard: &mut Option<FileState>) {
+    fn release_if_unused(&self, inode: &Inode, guard: &mut Option<FileState>) {
         if let Some(state) = guard.as_mut()
             && state.daemon_opens + state.passthrough_opens == 0
         {
             self.checkpoint(state);
-            *guard = None;
+            self.unload(inode, guard);
         }
+    }
+
+    /// Drops the cache state of a file nobody has open any more.
+    fn unload(&self, inode: &Inode, guard: &mut Option<FileState>) {
+        *guard = None;
+        self.loaded.lock().unwrap().remove(&inode.id);
     }
 
     /// Loads the cache state of `path` from its record, checking it against `st`. Returns
     /// the state and whether cached data was discarded. With `new_file`, the file was
     /// just created by us and any old cache entry under its name is dropped.
-    fn load_state(&self, path: &Path, st: &Stat, new_file: bool) -> (FileState, bool) {
+    fn load_state(
+        &self,
+        inode: &Arc<Inode>,
+        path: &Path,
+        st: &Stat,
+        new_file: bool,
+    ) -> (FileState, bool) {
+        let _no_eviction = self.evict_lock.read().unwrap();
+        self.loaded.lock().unwrap().insert(inode.id, inode.clone());
         let identity = SourceIdentity::of(st);
         let mut state = FileState {
             files: None,
@@ -946,7 +1034,7 @@ impl CachingFs {
         if reset {
             self.reset(&mut state, st);
         }
-        state.record.last_used = now_secs();
+        state.record.last_used = now_millis();
         (state, reset)
     }
 
@@ -1047,6 +1135,10 @@ impl CachingFs {
         let size = state.record.identity.size;
         let off = c * cs;
         let len = cs.min(size - off) as usize;
+        if !self.usage.may_grow(len as u64) {
+            // The cache is full until the cleaner catches up: serve from the source.
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         let src = state
             .fetch_src
             .as_ref()
@@ -1063,6 +1155,7 @@ impl CachingFs {
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
         files.data.write_all_at(&buf, off)?;
+        self.usage.add(len as u64);
         state.record.set_present(c, true);
         state.unsynced += 1;
         Stats::add(&self.stats.cache.chunks_fetched, 1);
@@ -1243,13 +1336,13 @@ impl CachingFs {
                 state.daemon_opens -= 1;
             }
             if state.daemon_opens + state.passthrough_opens == 0 {
-                state.record.last_used = now_secs();
+                state.record.last_used = now_millis();
                 if state.unsynced == 0 && !state.written {
                     self.persist_record(state, false);
                 } else {
                     self.checkpoint(state);
                 }
-                *guard = None;
+                self.unload(&h.inode, &mut guard);
             }
         }
         Ok(())
@@ -1419,5 +1512,53 @@ impl CachingFs {
             });
         }
         Ok(())
+    }
+}
+
+impl EvictTarget for CachingFs {
+    fn evict(&self, rel: &Path) -> u64 {
+        let _exclusive = self.evict_lock.write().unwrap();
+        let open = self
+            .loaded
+            .lock()
+            .unwrap()
+            .values()
+            .any(|i| i.names.lock().unwrap().iter().any(|n| n == rel));
+        if open {
+            return 0;
+        }
+        let bytes = self.cache.data_bytes(rel);
+        // The record goes first: without it the data is never served.
+        match self.cache.remove(rel) {
+            Ok(()) => bytes,
+            Err(e) => {
+                tracing::warn!(?rel, "cannot evict: {e}");
+                0
+            }
+        }
+    }
+
+    fn cache_fs_free(&self) -> u64 {
+        rustix::fs::statvfs(&self.cfg.cache_dir)
+            .map(|s| s.f_bavail * s.f_frsize)
+            .unwrap_or(u64::MAX)
+    }
+}
+
+impl crate::control::Handler for CachingFs {
+    fn stats(&self) -> Snapshot {
+        self.snapshot()
+    }
+
+    fn set(&self, key: &str, value: &str) -> std::result::Result<(), String> {
+        CachingFs::set(self, key, value)
+    }
+
+    fn clean(&self, to: Option<u64>) -> u64 {
+        CachingFs::clean(self, to)
+    }
+
+    fn pin(&self, rel: &Path, on: bool) -> std::result::Result<(), String> {
+        CachingFs::pin(self, rel, on)
     }
 }

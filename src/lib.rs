@@ -1,6 +1,7 @@
 //! hoardfs: a persistent caching file system. See docs/ARCHITECTURE.md for the tour.
 
 pub mod cache;
+pub mod cleaner;
 pub mod cli;
 pub mod config;
 pub mod control;

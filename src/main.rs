@@ -22,6 +22,14 @@ fn main() {
                     print!("{}", s.table());
                 }
             }),
+        Some(Command::Clean { mountpoint, to }) => hoardfs::control::request_clean(&mountpoint, to)
+            .map(|freed| println!("freed {freed} bytes")),
+        Some(Command::Pin { paths }) => paths
+            .iter()
+            .try_for_each(|p| hoardfs::control::request_pin(p, true)),
+        Some(Command::Unpin { paths }) => paths
+            .iter()
+            .try_for_each(|p| hoardfs::control::request_pin(p, false)),
         Some(Command::Set {
             mountpoint,
             settings,

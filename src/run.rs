@@ -163,13 +163,15 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             }
         })?;
 
-    let snap_fs = fs.clone();
-    let set_fs = fs.clone();
-    let socket = crate::control::serve(
-        &cfg.mountpoint,
-        move || snap_fs.snapshot(),
-        move |k, v| set_fs.inodes.set(k, v),
+    fs.usage.set_limits(Some(CachingFs::initial_limits(&cfg)?));
+    crate::cleaner::spawn(
+        cfg.cache_dir.clone(),
+        fs.pins.clone(),
+        fs.usage.clone(),
+        fs.clone(),
+        std::time::Duration::from_secs(300),
     )?;
+    let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
 
     if let Some(ready) = ready.take() {
         redirect_stdio(&cfg)?;

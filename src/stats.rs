@@ -99,6 +99,8 @@ pub struct Snapshot {
     pub cache_files: u64,
     #[serde(default)]
     pub inode_table: InodeSnapshot,
+    #[serde(default)]
+    pub cleaner: crate::cleaner::CleanerSnapshot,
 }
 
 /// The inode table's size, counters and limits (`inode.rs`; the dynamic-vnodes paper's
@@ -196,6 +198,22 @@ impl Snapshot {
         }
         let _ = writeln!(s, "\ncache:");
         for (name, n) in self.cache.rows() {
+            let _ = writeln!(s, "  {name:<20} {n:>12}");
+        }
+        let c = &self.cleaner;
+        let _ = writeln!(
+            s,
+            "\ncleaner: limit {} bytes, high {} low {}, min free {}",
+            c.limit_bytes, c.high_watermark_bytes, c.low_watermark_bytes, c.min_free_bytes
+        );
+        for (name, n) in [
+            ("used_bytes", c.used_bytes),
+            ("pinned_bytes", c.pinned_bytes),
+            ("cleans", c.cleans),
+            ("evicted_files", c.evicted_files),
+            ("evicted_bytes", c.evicted_bytes),
+            ("not_cached_when_full", c.chunks_not_cached_when_full),
+        ] {
             let _ = writeln!(s, "  {name:<20} {n:>12}");
         }
         s

@@ -7,7 +7,7 @@
 //! ```text
 //! magic "HOARDREC" | format u32 | flags u32 | ino u64 | size u64
 //! | mtime_s i64 | mtime_ns u32 | ctime_s i64 | ctime_ns u32
-//! | chunk_size u64 | last_used_s u64 | nchunks u64 | bitmap ((nchunks+7)/8 bytes) | crc32 u32
+//! | chunk_size u64 | last_used_ms u64 | nchunks u64 | bitmap ((nchunks+7)/8 bytes) | crc32 u32
 //! ```
 //! The crc covers every byte before it.
 
@@ -47,6 +47,7 @@ pub struct CacheRecord {
     /// Writes through the mount are in progress or were cut short: identity is not valid.
     pub dirty: bool,
     pub chunk_size: u64,
+    /// Milliseconds since the epoch of the last open or close through the mount.
     pub last_used: u64,
     /// One bit per chunk of `identity.size`.
     pub present: Vec<u8>,

@@ -151,23 +151,9 @@ impl CacheStore {
         }
     }
 
-    /// Bytes and files the data tree holds (for stats).
-    pub fn usage(&self) -> (u64, u64) {
-        fn walk(p: &Path, acc: &mut (u64, u64)) {
-            let Ok(rd) = std::fs::read_dir(p) else { return };
-            for e in rd.flatten() {
-                let Ok(md) = e.metadata() else { continue };
-                if md.is_dir() {
-                    walk(&e.path(), acc);
-                } else if md.is_file() {
-                    acc.0 += std::os::unix::fs::MetadataExt::blocks(&md) * 512;
-                    acc.1 += 1;
-                }
-            }
-        }
-        let mut acc = (0, 0);
-        walk(&self.root.join("data"), &mut acc);
-        acc
+    /// Bytes the data file of `rel` occupies on disk.
+    pub fn data_bytes(&self, rel: &Path) -> u64 {
+        self.data.stat(rel).map(|st| st.blocks * 512).unwrap_or(0)
     }
 }
 

@@ -157,7 +157,9 @@ impl Drop for TestMount {
             }
             let _ = child.kill();
             let _ = child.wait();
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            if is_mounted(&self.mnt) {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
         }
     }
 }

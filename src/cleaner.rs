@@ -1,0 +1,424 @@
+//! The cleaner: keeps the cache between a high and a low watermark (xCachefs' user-level
+//! cleaner: LRU delete above ~90 % until below ~70 %), and never fills the cache's file
+//! system for others (cachefilesd's bcull: a minimum of free space).
+//!
+//! Policy lives here; the mechanism of evicting one file safely (no open file loses its
+//! data, no record ever claims evicted bytes) is `EvictTarget`, implemented by `CachingFs`.
+//!
+//! Usage is tracked as an estimate: a background scan of the record tree sets it exactly,
+//! and the fetch path adds what it writes in between (`Usage::add`). The fetch path also
+//! asks `Usage::may_grow` before caching a chunk: above the high watermark it serves the
+//! chunk from the source without caching it and kicks the cleaner, so the cache never
+//! overshoots by more than one chunk per concurrent reader and nothing ever waits for it.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::CacheRecord;
+
+/// What `hoardfs stats` shows of the cleaner.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CleanerSnapshot {
+    pub limit_bytes: u64,
+    pub high_watermark_bytes: u64,
+    pub low_watermark_bytes: u64,
+    pub min_free_bytes: u64,
+    pub used_bytes: u64,
+    pub pinned_bytes: u64,
+    pub cleans: u64,
+    pub evicted_files: u64,
+    pub evicted_bytes: u64,
+    pub chunks_not_cached_when_full: u64,
+}
+
+/// Limits of the cache, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// The cache's size limit (from `--cache-size`, or a share of its file system).
+    pub max_bytes: u64,
+    /// Clean when usage exceeds this share of `max_bytes` (percent).
+    pub high_pct: u8,
+    /// Clean down to this share of `max_bytes` (percent).
+    pub low_pct: u8,
+    /// Also clean when the cache's file system has less than this free.
+    pub min_free_bytes: u64,
+}
+
+impl Limits {
+    pub fn high(&self) -> u64 {
+        self.max_bytes / 100 * self.high_pct as u64
+    }
+
+    pub fn low(&self) -> u64 {
+        self.max_bytes / 100 * self.low_pct as u64
+    }
+}
+
+/// One cached file as the cleaner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedFile {
+    pub rel: PathBuf,
+    pub last_used: u64,
+    /// Bytes the data file occupies on disk.
+    pub bytes: u64,
+    pub pinned: bool,
+}
+
+/// What the cleaner needs from the file system.
+pub trait EvictTarget: Send + Sync {
+    /// Drops the cached data of `rel` unless the file is open through the mount; returns
+    /// the bytes freed (0 when skipped).
+    fn evict(&self, rel: &Path) -> u64;
+    /// Free bytes on the cache's file system.
+    fn cache_fs_free(&self) -> u64;
+}
+
+/// The shared usage estimate and the cleaner's counters.
+#[derive(Debug, Default)]
+pub struct Usage {
+    pub bytes: AtomicU64,
+    pub evicted_files: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub cleans: AtomicU64,
+    pub pinned_bytes: AtomicU64,
+    pub skipped_chunks: AtomicU64,
+    /// Cached files found by the last scan.
+    pub files: AtomicU64,
+    limits: Mutex<Option<Limits>>,
+    kick: Mutex<Option<Sender<Option<u64>>>>,
+}
+
+impl Usage {
+    pub fn limits(&self) -> Option<Limits> {
+        *self.limits.lock().unwrap()
+    }
+
+    pub fn set_limits(&self, l: Option<Limits>) {
+        *self.limits.lock().unwrap() = l;
+        self.kick(None);
+    }
+
+    pub fn add(&self, n: u64) {
+        self.bytes.fetch_add(n, Relaxed);
+    }
+
+    pub fn sub(&self, n: u64) {
+        let _ = self
+            .bytes
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
+    }
+
+    /// May the cache grow by `n` bytes now? If not, the cleaner is kicked and the caller
+    /// serves from the source without caching.
+    pub fn may_grow(&self, n: u64) -> bool {
+        let Some(l) = self.limits() else { return true };
+        let _ = n;
+        // Up to the high watermark a fetch may add its chunk, so the cache overshoots by at
+        // most one chunk per concurrent fetch before the cleaner runs.
+        if self.bytes.load(Relaxed) < l.high() {
+            return true;
+        }
+        self.skipped_chunks.fetch_add(1, Relaxed);
+        self.kick(None);
+        false
+    }
+
+    pub fn snapshot(&self) -> CleanerSnapshot {
+        let l = self.limits();
+        CleanerSnapshot {
+            limit_bytes: l.map(|l| l.max_bytes).unwrap_or(0),
+            high_watermark_bytes: l.map(|l| l.high()).unwrap_or(0),
+            low_watermark_bytes: l.map(|l| l.low()).unwrap_or(0),
+            min_free_bytes: l.map(|l| l.min_free_bytes).unwrap_or(0),
+            used_bytes: self.bytes.load(Relaxed),
+            pinned_bytes: self.pinned_bytes.load(Relaxed),
+            cleans: self.cleans.load(Relaxed),
+            evicted_files: self.evicted_files.load(Relaxed),
+            evicted_bytes: self.evicted_bytes.load(Relaxed),
+            chunks_not_cached_when_full: self.skipped_chunks.load(Relaxed),
+        }
+    }
+
+    /// Asks the cleaner to run now (optionally down to `target` bytes).
+    pub fn kick(&self, target: Option<u64>) {
+        if let Some(tx) = self.kick.lock().unwrap().as_ref() {
+            let _ = tx.send(target);
+        }
+    }
+}
+
+/// Paths the cleaner never evicts (Coda's hoard priorities, reduced to on/off), kept in
+/// `CACHE_DIR/pins`, one source-relative path per line; a directory pins its subtree.
+#[derive(Debug)]
+pub struct Pins {
+    file: PathBuf,
+    set: Mutex<BTreeSet<PathBuf>>,
+}
+
+impl Pins {
+    pub fn load(cache_root: &Path) -> std::io::Result<Pins> {
+        let file = cache_root.join("pins");
+        let set = match std::fs::read_to_string(&file) {
+            Ok(s) => s
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(PathBuf::from)
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
+            Err(e) => return Err(e),
+        };
+        Ok(Pins {
+            file,
+            set: Mutex::new(set),
+        })
+    }
+
+    pub fn is_pinned(&self, rel: &Path) -> bool {
+        let set = self.set.lock().unwrap();
+        rel.ancestors()
+            .any(|a| !a.as_os_str().is_empty() && set.contains(a))
+            || set.contains(Path::new(""))
+    }
+
+    pub fn list(&self) -> Vec<PathBuf> {
+        self.set.lock().unwrap().iter().cloned().collect()
+    }
+
+    /// Adds or removes a pin and saves the list (write to a temporary file, then rename).
+    pub fn set(&self, rel: &Path, pinned: bool) -> std::io::Result<()> {
+        let mut set = self.set.lock().unwrap();
+        let changed = if pinned {
+            set.insert(rel.to_path_buf())
+        } else {
+            set.remove(rel)
+        };
+        if changed {
+            let mut text = String::new();
+            for p in set.iter() {
+                text.push_str(&p.to_string_lossy());
+                text.push('\n');
+            }
+            let tmp = self.file.with_extension("tmp");
+            std::fs::write(&tmp, text)?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &self.file)?;
+        }
+        Ok(())
+    }
+}
+
+/// Walks the record tree: every cached file with its last use and its data's disk usage.
+/// Symlinks in the cache are never followed.
+pub fn scan(cache_root: &Path, pins: &Pins) -> Vec<CachedFile> {
+    fn walk(
+        meta_root: &Path,
+        data_root: &Path,
+        rel: &Path,
+        pins: &Pins,
+        out: &mut Vec<CachedFile>,
+    ) {
+        let Ok(rd) = std::fs::read_dir(meta_root.join(rel)) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            let child = rel.join(e.file_name());
+            if ft.is_dir() {
+                walk(meta_root, data_root, &child, pins, out);
+            } else if ft.is_file() {
+                let last_used = std::fs::read(e.path())
+                    .ok()
+                    .and_then(|b| CacheRecord::decode(&b).ok())
+                    .map(|r| r.last_used)
+                    .unwrap_or(0);
+                let bytes = std::fs::symlink_metadata(data_root.join(&child))
+                    .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                    .unwrap_or(0);
+                out.push(CachedFile {
+                    pinned: pins.is_pinned(&child),
+                    rel: child,
+                    last_used,
+                    bytes,
+                });
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &cache_root.join("meta"),
+        &cache_root.join("data"),
+        Path::new(""),
+        pins,
+        &mut out,
+    );
+    out
+}
+
+/// The files to evict, least recently used first, to bring `used` down to `target`.
+pub fn choose(files: &[CachedFile], used: u64, target: u64) -> Vec<&CachedFile> {
+    let mut candidates: Vec<&CachedFile> =
+        files.iter().filter(|f| !f.pinned && f.bytes > 0).collect();
+    candidates.sort_by_key(|f| (f.last_used, f.rel.clone()));
+    let mut chosen = Vec::new();
+    let mut left = used;
+    for f in candidates {
+        if left <= target {
+            break;
+        }
+        left = left.saturating_sub(f.bytes);
+        chosen.push(f);
+    }
+    chosen
+}
+
+/// One pass: rescan, then evict LRU files until under the low watermark (or `target`) and
+/// above the free-space floor. Returns the bytes freed.
+pub fn clean_once(
+    cache_root: &Path,
+    pins: &Pins,
+    usage: &Usage,
+    target: Option<u64>,
+    fs: &dyn EvictTarget,
+) -> u64 {
+    let files = scan(cache_root, pins);
+    let used: u64 = files.iter().map(|f| f.bytes).sum();
+    usage.bytes.store(used, Relaxed);
+    usage.files.store(files.len() as u64, Relaxed);
+    usage.pinned_bytes.store(
+        files.iter().filter(|f| f.pinned).map(|f| f.bytes).sum(),
+        Relaxed,
+    );
+    let limits = usage.limits();
+    let mut goal = match (target, limits) {
+        (Some(t), _) => t,
+        (None, Some(l)) if used >= l.high() => l.low(),
+        (None, _) => used,
+    };
+    // The free-space floor: free enough that the file system keeps min_free available.
+    if let Some(l) = limits {
+        let free = fs.cache_fs_free();
+        if free < l.min_free_bytes {
+            goal = goal.min(used.saturating_sub(l.min_free_bytes - free));
+        }
+    }
+    if goal >= used {
+        return 0;
+    }
+    usage.cleans.fetch_add(1, Relaxed);
+    let mut freed = 0;
+    for f in choose(&files, used, goal) {
+        let n = fs.evict(&f.rel);
+        if n > 0 {
+            freed += n;
+            usage.sub(n);
+            usage.evicted_files.fetch_add(1, Relaxed);
+            usage.evicted_bytes.fetch_add(n, Relaxed);
+        }
+    }
+    tracing::info!(used, goal, freed, "cache clean");
+    freed
+}
+
+/// Runs the cleaner on its own thread: a first scan at start (off the mount's critical
+/// path), then a pass whenever kicked or every `period`.
+pub fn spawn(
+    cache_root: PathBuf,
+    pins: Arc<Pins>,
+    usage: Arc<Usage>,
+    fs: Arc<dyn EvictTarget>,
+    period: Duration,
+) -> std::io::Result<()> {
+    let (tx, rx): (Sender<Option<u64>>, Receiver<Option<u64>>) = std::sync::mpsc::channel();
+    *usage.kick.lock().unwrap() = Some(tx);
+    std::thread::Builder::new()
+        .name("cleaner".into())
+        .spawn(move || {
+            let mut target = None;
+            loop {
+                clean_once(&cache_root, &pins, &usage, target.take(), fs.as_ref());
+                match rx.recv_timeout(period) {
+                    Ok(t) => {
+                        target = t;
+                        // Coalesce a burst of kicks into one pass.
+                        while let Ok(t2) = rx.try_recv() {
+                            target = t2.or(target);
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(rel: &str, last_used: u64, bytes: u64, pinned: bool) -> CachedFile {
+        CachedFile {
+            rel: rel.into(),
+            last_used,
+            bytes,
+            pinned,
+        }
+    }
+
+    #[test]
+    fn evicts_least_recently_used_first_and_skips_pins() {
+        let files = [
+            f("new", 30, 10, false),
+            f("old", 10, 10, false),
+            f("mid", 20, 10, false),
+            f("pinned", 1, 10, true),
+        ];
+        let chosen: Vec<_> = choose(&files, 40, 25)
+            .iter()
+            .map(|f| f.rel.clone())
+            .collect();
+        assert_eq!(chosen, [PathBuf::from("old"), PathBuf::from("mid")]);
+        let all: Vec<_> = choose(&files, 40, 0)
+            .iter()
+            .map(|f| f.rel.clone())
+            .collect();
+        assert_eq!(all.len(), 3, "pinned files are never chosen");
+    }
+
+    #[test]
+    fn watermarks_and_growth_admission() {
+        let u = Usage::default();
+        assert!(u.may_grow(u64::MAX / 2), "no limits: always");
+        u.set_limits(Some(Limits {
+            max_bytes: 1000,
+            high_pct: 90,
+            low_pct: 70,
+            min_free_bytes: 0,
+        }));
+        u.add(850);
+        assert!(u.may_grow(500), "below high: one more chunk may go in");
+        u.add(50);
+        assert!(!u.may_grow(1));
+        assert_eq!(u.skipped_chunks.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn pins_cover_subtrees_and_persist() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Pins::load(d.path()).unwrap();
+        p.set(Path::new("a/b"), true).unwrap();
+        assert!(p.is_pinned(Path::new("a/b")));
+        assert!(p.is_pinned(Path::new("a/b/c/d")));
+        assert!(!p.is_pinned(Path::new("a/bc")));
+        let again = Pins::load(d.path()).unwrap();
+        assert!(again.is_pinned(Path::new("a/b/x")));
+        again.set(Path::new("a/b"), false).unwrap();
+        assert!(!Pins::load(d.path()).unwrap().is_pinned(Path::new("a/b/x")));
+    }
+}

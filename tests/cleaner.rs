@@ -1,0 +1,185 @@
+//! The cleaner through a real mount: the cache stays within its limit, eviction follows
+//! last use, pins hold across cleans and remounts.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{BIN, TestMount, pattern};
+
+const CHUNK: u64 = 64 << 10;
+
+/// Bytes the cache's data tree really occupies.
+fn cache_disk_usage(t: &TestMount) -> u64 {
+    fn walk(p: &Path) -> u64 {
+        let mut n = 0;
+        // The cleaner may remove entries while we walk.
+        let Ok(rd) = fs::read_dir(p) else { return 0 };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            n += if m.is_dir() {
+                walk(&e.path())
+            } else {
+                m.blocks() * 512
+            };
+        }
+        n
+    }
+    walk(&t.cache.join("data"))
+}
+
+fn hoardfs(args: &[&str]) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "hoardfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn cached(t: &TestMount, name: &str) -> bool {
+    t.cache.join("meta").join(name).exists()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_cache_stays_under_its_limit_and_a_clean_reaches_the_low_watermark() {
+    let t = TestMount::new(&[
+        "--cache-size",
+        "2M",
+        "--chunk-size",
+        "64K",
+        "--whole-file-threshold",
+        "128K",
+    ]);
+    let s = t.stats().cleaner;
+    let (high, low) = (s.high_watermark_bytes, s.low_watermark_bytes);
+    assert_eq!(s.limit_bytes, 2 << 20);
+    for i in 0..40 {
+        let data = pattern(192 << 10, i);
+        fs::write(t.s(&format!("f{i}")), &data).unwrap();
+        assert_eq!(
+            fs::read(t.m(&format!("f{i}"))).unwrap(),
+            data,
+            "data is right even when the cache is full"
+        );
+        let used = cache_disk_usage(&t);
+        assert!(
+            used <= high + CHUNK,
+            "cache at {used} bytes, above high watermark {high} + one chunk"
+        );
+    }
+    let s = t.stats().cleaner;
+    assert!(s.evicted_files > 0, "{s:?}");
+    hoardfs(&["clean", t.mnt.to_str().unwrap()]);
+    let used = cache_disk_usage(&t);
+    assert!(used <= low, "after a clean: {used} > low watermark {low}");
+    // Every file still reads right, cached or not.
+    for i in 0..40 {
+        assert_eq!(
+            fs::read(t.m(&format!("f{i}"))).unwrap(),
+            pattern(192 << 10, i)
+        );
+    }
+}
+
+#[test]
+fn eviction_follows_last_use() {
+    let t = TestMount::new(&[
+        "--cache-size",
+        "1M",
+        "--chunk-size",
+        "64K",
+        "--whole-file-threshold",
+        "256K",
+    ]);
+    for name in ["a", "b", "c", "d", "e"] {
+        fs::write(t.s(name), pattern(200 << 10, name.as_bytes()[0] as u64)).unwrap();
+    }
+    // Use a, b, c, d in that order, then touch a again: b is now the least recently used.
+    for name in ["a", "b", "c", "d", "a"] {
+        fs::read(t.m(name)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for("records of a..d", || {
+        ["a", "b", "c", "d"].iter().all(|n| cached(&t, n))
+    });
+    // A clean down to ~600K must drop b (the LRU), then c.
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "500K"]);
+    assert!(
+        !cached(&t, "b") && !cached(&t, "c"),
+        "LRU files evicted first"
+    );
+    assert!(
+        cached(&t, "a") && cached(&t, "d"),
+        "recently used files kept"
+    );
+    // Reading e through a full cache kicks the cleaner by itself.
+    fs::read(t.m("e")).unwrap();
+    assert_eq!(fs::read(t.m("e")).unwrap(), pattern(200 << 10, b'e' as u64));
+}
+
+#[test]
+fn pinned_files_survive_cleans_and_remounts() {
+    let t = &mut TestMount::new(&["--cache-size", "4M"]);
+    fs::create_dir(t.s("keep")).unwrap();
+    fs::write(t.s("keep/x"), b"precious").unwrap();
+    fs::write(t.s("other"), b"ordinary").unwrap();
+    fs::read(t.m("keep/x")).unwrap();
+    fs::read(t.m("other")).unwrap();
+    wait_for("records", || cached(t, "keep/x") && cached(t, "other"));
+    hoardfs(&["pin", t.m("keep").to_str().unwrap()]);
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "0"]);
+    assert!(cached(t, "keep/x"), "pinned subtree kept");
+    assert!(!cached(t, "other"));
+    assert!(t.stats().cleaner.pinned_bytes > 0);
+    t.remount();
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "0"]);
+    assert!(cached(t, "keep/x"), "pins persist across remounts");
+    assert_eq!(fs::read(t.m("keep/x")).unwrap(), b"precious");
+    assert_eq!(t.stats().cache.bytes_from_source, 0);
+    hoardfs(&["unpin", t.m("keep").to_str().unwrap()]);
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "0"]);
+    assert!(!cached(t, "keep/x"));
+    // Pinning outside a mount is a clear error.
+    let out = Command::new(BIN).args(["pin", "/tmp"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not inside a hoardfs mount"));
+}
+
+#[test]
+fn open_files_are_not_evicted() {
+    let t = TestMount::new(&[
+        "--cache-size",
+        "4M",
+        "--chunk-size",
+        "64K",
+        "--whole-file-threshold",
+        "64K",
+    ]);
+    let data = pattern(300 << 10, 7);
+    fs::write(t.s("big"), &data).unwrap();
+    let f = fs::File::open(t.m("big")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 0).unwrap();
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "0"]);
+    assert!(cached(&t, "big"), "an open file keeps its cache");
+    let mut all = vec![0u8; data.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut all, 0).unwrap();
+    assert_eq!(all, data);
+    drop(f);
+    wait_for("release", || t.stats().open_handles == 0);
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "0"]);
+    assert!(!cached(&t, "big"));
+}
