@@ -1261,25 +1261,33 @@ impl CachingFs {
             let files = state.files.as_ref().unwrap();
             let old_size = state.record.identity.size;
             let expected = old_size.max(end);
+            // A full cache stops caching this file rather than grow past its limit.
+            let admitted = self.usage.may_grow(data.len() as u64);
             let r = (|| -> io::Result<()> {
+                if !admitted {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
                 if end > old_size {
                     files.data.set_len(end)?;
                 }
                 files.data.write_all_at(data, offset)
             })();
+            if r.is_ok() {
+                self.usage.add(data.len() as u64);
+            }
             if r.is_err() || after.size != expected {
-                // A cache error, or someone else changed the source's size meanwhile.
-                if r.is_err() {
+                // A cache error or a full cache, or someone else changed the source's size
+                // meanwhile: keep nothing of this file but an empty record.
+                if r.is_err() && admitted {
                     Stats::add(&self.stats.cache.cache_errors, 1);
                 }
                 self.drop_cached(state);
-                if after.size != expected {
-                    let _ = state.files.as_ref().map(|f| f.data.set_len(after.size));
-                    state.record.resize(after.size);
-                    // Only what was written is known; the rest must be fetched.
-                    for c in 0..state.record.nchunks() {
-                        state.record.set_present(c, false);
-                    }
+                if let Some(f) = state.files.as_ref() {
+                    let _ = f.data.set_len(0).and_then(|_| f.data.set_len(after.size));
+                }
+                state.record.resize(after.size);
+                for c in 0..state.record.nchunks() {
+                    state.record.set_present(c, false);
                 }
             } else {
                 state.record.resize(end.max(old_size));
