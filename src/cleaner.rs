@@ -295,6 +295,14 @@ pub fn clean_once(
         Relaxed,
     );
     let limits = usage.limits();
+    let pinned = usage.pinned_bytes.load(Relaxed);
+    if let Some(l) = limits.filter(|l| pinned > l.low()) {
+        tracing::warn!(
+            pinned,
+            low_watermark = l.low(),
+            "pinned data alone is above the low watermark: the cleaner cannot get under it"
+        );
+    }
     let mut goal = match (target, limits) {
         (Some(t), _) => t,
         (None, Some(l)) if used >= l.high() => l.low(),
