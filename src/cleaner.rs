@@ -11,7 +11,7 @@
 //! chunk from the source without caching it and kicks the cleaner, so the cache never
 //! overshoots by more than one chunk per concurrent reader and nothing ever waits for it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -33,6 +33,7 @@ pub struct CleanerSnapshot {
     pub pinned_bytes: u64,
     pub cleans: u64,
     pub evicted_files: u64,
+    pub evicted_chunks: u64,
     pub evicted_bytes: u64,
     pub chunks_not_cached_when_full: u64,
 }
@@ -60,21 +61,24 @@ impl Limits {
     }
 }
 
-/// One cached file as the cleaner sees it.
+/// A unit of eviction: a whole small file, or one chunk of a large one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedFile {
     pub rel: PathBuf,
+    /// `Some(c)`: only chunk `c` of a file above the whole-file threshold.
+    pub chunk: Option<u64>,
+    /// Milliseconds since the epoch.
     pub last_used: u64,
-    /// Bytes the data file occupies on disk.
+    /// Bytes the unit occupies on disk.
     pub bytes: u64,
     pub pinned: bool,
 }
 
 /// What the cleaner needs from the file system.
 pub trait EvictTarget: Send + Sync {
-    /// Drops the cached data of `rel` unless the file is open through the mount; returns
-    /// the bytes freed (0 when skipped).
-    fn evict(&self, rel: &Path) -> u64;
+    /// Drops the cached data of `rel` (all of it, or only `chunks`) unless the file is open
+    /// through the mount; returns the bytes freed (0 when skipped).
+    fn evict(&self, rel: &Path, chunks: Option<&[u64]>) -> u64;
     /// Free bytes on the cache's file system.
     fn cache_fs_free(&self) -> u64;
 }
@@ -84,12 +88,17 @@ pub trait EvictTarget: Send + Sync {
 pub struct Usage {
     pub bytes: AtomicU64,
     pub evicted_files: AtomicU64,
+    pub evicted_chunks: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub cleans: AtomicU64,
     pub pinned_bytes: AtomicU64,
     pub skipped_chunks: AtomicU64,
     /// Cached files found by the last scan.
     pub files: AtomicU64,
+    /// Every byte ever added, so that a scan can account for fetches that ran during it.
+    added_total: AtomicU64,
+    /// Files above this size are evicted chunk by chunk (the whole-file threshold).
+    pub chunked_above: AtomicU64,
     limits: Mutex<Option<Limits>>,
     kick: Mutex<Option<Sender<Option<u64>>>>,
 }
@@ -106,6 +115,7 @@ impl Usage {
 
     pub fn add(&self, n: u64) {
         self.bytes.fetch_add(n, Relaxed);
+        self.added_total.fetch_add(n, Relaxed);
     }
 
     pub fn sub(&self, n: u64) {
@@ -140,6 +150,7 @@ impl Usage {
             pinned_bytes: self.pinned_bytes.load(Relaxed),
             cleans: self.cleans.load(Relaxed),
             evicted_files: self.evicted_files.load(Relaxed),
+            evicted_chunks: self.evicted_chunks.load(Relaxed),
             evicted_bytes: self.evicted_bytes.load(Relaxed),
             chunks_not_cached_when_full: self.skipped_chunks.load(Relaxed),
         }
@@ -213,15 +224,18 @@ impl Pins {
     }
 }
 
-/// Walks the record tree: every cached file with its last use and its data's disk usage.
-/// Symlinks in the cache are never followed.
-pub fn scan(cache_root: &Path, pins: &Pins) -> Vec<CachedFile> {
+/// Walks the record tree: every cached file (or, for files larger than `chunked_above`,
+/// every present chunk) with its last use and its disk usage. Symlinks in the cache are
+/// never followed. Also returns the bytes all data files occupy: the cache's true usage
+/// (chunks of an open file are on disk before its record says so).
+pub fn scan(cache_root: &Path, pins: &Pins, chunked_above: u64) -> (Vec<CachedFile>, u64) {
     fn walk(
         meta_root: &Path,
         data_root: &Path,
         rel: &Path,
         pins: &Pins,
-        out: &mut Vec<CachedFile>,
+        chunked_above: u64,
+        out: &mut (Vec<CachedFile>, u64),
     ) {
         let Ok(rd) = std::fs::read_dir(meta_root.join(rel)) else {
             return;
@@ -230,31 +244,59 @@ pub fn scan(cache_root: &Path, pins: &Pins) -> Vec<CachedFile> {
             let Ok(ft) = e.file_type() else { continue };
             let child = rel.join(e.file_name());
             if ft.is_dir() {
-                walk(meta_root, data_root, &child, pins, out);
-            } else if ft.is_file() {
-                let last_used = std::fs::read(e.path())
-                    .ok()
-                    .and_then(|b| CacheRecord::decode(&b).ok())
-                    .map(|r| r.last_used)
-                    .unwrap_or(0);
-                let bytes = std::fs::symlink_metadata(data_root.join(&child))
-                    .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
-                    .unwrap_or(0);
-                out.push(CachedFile {
-                    pinned: pins.is_pinned(&child),
+                walk(meta_root, data_root, &child, pins, chunked_above, out);
+                continue;
+            }
+            if !ft.is_file() {
+                continue;
+            }
+            let rec = std::fs::read(e.path())
+                .ok()
+                .and_then(|b| CacheRecord::decode(&b).ok());
+            let bytes = std::fs::symlink_metadata(data_root.join(&child))
+                .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                .unwrap_or(0);
+            let pinned = pins.is_pinned(&child);
+            out.1 += bytes;
+            let out = &mut out.0;
+            match rec {
+                Some(r) if r.identity.size > chunked_above && r.nchunks() > 1 && !r.dirty => {
+                    // A complete file is read through passthrough, where chunk reads are
+                    // not seen: its chunks are as recent as the file's last open or close.
+                    let complete = r.is_complete();
+                    for c in (0..r.nchunks()).filter(|&c| r.is_present(c)) {
+                        let minute = r.chunk_used[c as usize] as u64 * 60_000;
+                        let len = r.chunk_size.min(r.identity.size - c * r.chunk_size);
+                        out.push(CachedFile {
+                            rel: child.clone(),
+                            chunk: Some(c),
+                            last_used: if complete || minute == 0 {
+                                r.last_used
+                            } else {
+                                minute
+                            },
+                            bytes: len,
+                            pinned,
+                        });
+                    }
+                }
+                r => out.push(CachedFile {
                     rel: child,
-                    last_used,
+                    chunk: None,
+                    last_used: r.map(|r| r.last_used).unwrap_or(0),
                     bytes,
-                });
+                    pinned,
+                }),
             }
         }
     }
-    let mut out = Vec::new();
+    let mut out = (Vec::new(), 0);
     walk(
         &cache_root.join("meta"),
         &cache_root.join("data"),
         Path::new(""),
         pins,
+        chunked_above,
         &mut out,
     );
     out
@@ -264,7 +306,7 @@ pub fn scan(cache_root: &Path, pins: &Pins) -> Vec<CachedFile> {
 pub fn choose(files: &[CachedFile], used: u64, target: u64) -> Vec<&CachedFile> {
     let mut candidates: Vec<&CachedFile> =
         files.iter().filter(|f| !f.pinned && f.bytes > 0).collect();
-    candidates.sort_by_key(|f| (f.last_used, f.rel.clone()));
+    candidates.sort_by_key(|f| (f.last_used, f.rel.clone(), f.chunk));
     let mut chosen = Vec::new();
     let mut left = used;
     for f in candidates {
@@ -286,10 +328,17 @@ pub fn clean_once(
     target: Option<u64>,
     fs: &dyn EvictTarget,
 ) -> u64 {
-    let files = scan(cache_root, pins);
-    let used: u64 = files.iter().map(|f| f.bytes).sum();
+    let added_before = usage.added_total.load(Relaxed);
+    let (files, on_disk) = scan(cache_root, pins, usage.chunked_above.load(Relaxed));
+    // Bytes cached while the walk ran may or may not have been seen by it: count them
+    // (an overestimate is safe, an underestimate would let the cache overshoot).
+    let during = usage.added_total.load(Relaxed) - added_before;
+    let used: u64 = on_disk + during;
     usage.bytes.store(used, Relaxed);
-    usage.files.store(files.len() as u64, Relaxed);
+    usage.files.store(
+        files.iter().filter(|f| f.chunk.unwrap_or(0) == 0).count() as u64,
+        Relaxed,
+    );
     usage.pinned_bytes.store(
         files.iter().filter(|f| f.pinned).map(|f| f.bytes).sum(),
         Relaxed,
@@ -320,12 +369,31 @@ pub fn clean_once(
     }
     usage.cleans.fetch_add(1, Relaxed);
     let mut freed = 0;
+    // Group the chosen chunks by file: one record update per file.
+    let mut whole: Vec<&Path> = Vec::new();
+    let mut chunks: BTreeMap<&Path, Vec<u64>> = BTreeMap::new();
     for f in choose(&files, used, goal) {
-        let n = fs.evict(&f.rel);
+        match f.chunk {
+            None => whole.push(&f.rel),
+            Some(c) => chunks.entry(&f.rel).or_default().push(c),
+        }
+    }
+    let evictions = whole
+        .into_iter()
+        .map(|rel| (rel, None))
+        .chain(chunks.iter().map(|(rel, cs)| (*rel, Some(cs.as_slice()))));
+    for (rel, cs) in evictions {
+        let n = fs.evict(rel, cs);
         if n > 0 {
             freed += n;
             usage.sub(n);
-            usage.evicted_files.fetch_add(1, Relaxed);
+            if cs.is_none() {
+                usage.evicted_files.fetch_add(1, Relaxed);
+            } else {
+                usage
+                    .evicted_chunks
+                    .fetch_add(cs.map_or(0, |c| c.len() as u64), Relaxed);
+            }
             usage.evicted_bytes.fetch_add(n, Relaxed);
         }
     }
@@ -373,6 +441,7 @@ mod tests {
     fn f(rel: &str, last_used: u64, bytes: u64, pinned: bool) -> CachedFile {
         CachedFile {
             rel: rel.into(),
+            chunk: None,
             last_used,
             bytes,
             pinned,

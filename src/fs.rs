@@ -1192,7 +1192,9 @@ impl CachingFs {
             let cs = state.record.chunk_size;
             let mut missed = false;
             let mut ok = true;
+            let minute = (now_millis() / 60_000) as u32;
             for c in offset / cs..=(end - 1) / cs {
+                state.record.touch(c, minute);
                 if !state.record.is_present(c) {
                     missed = true;
                     if let Err(e) = self.fetch_chunk(state, c) {
@@ -1524,7 +1526,7 @@ impl CachingFs {
 }
 
 impl EvictTarget for CachingFs {
-    fn evict(&self, rel: &Path) -> u64 {
+    fn evict(&self, rel: &Path, chunks: Option<&[u64]>) -> u64 {
         let _exclusive = self.evict_lock.write().unwrap();
         let open = self
             .loaded
@@ -1534,6 +1536,9 @@ impl EvictTarget for CachingFs {
             .any(|i| i.names.lock().unwrap().iter().any(|n| n == rel));
         if open {
             return 0;
+        }
+        if let Some(chunks) = chunks {
+            return self.evict_chunks(rel, chunks);
         }
         let bytes = self.cache.data_bytes(rel);
         // The record goes first: without it the data is never served.
@@ -1568,5 +1573,52 @@ impl crate::control::Handler for CachingFs {
 
     fn pin(&self, rel: &Path, on: bool) -> std::result::Result<(), String> {
         CachingFs::pin(self, rel, on)
+    }
+}
+
+impl CachingFs {
+    /// Drops some chunks of a file nobody has open (caller holds `evict_lock` for writing):
+    /// the record stops claiming them (durably) before their bytes are punched out.
+    fn evict_chunks(&self, rel: &Path, chunks: &[u64]) -> u64 {
+        let Some(files) = self.cache.open_existing(rel) else {
+            return 0;
+        };
+        let Ok(Some(Ok(mut rec))) = read_record(&files.meta) else {
+            return 0;
+        };
+        let mut freed = 0;
+        for &c in chunks {
+            if !rec.is_present(c) {
+                continue;
+            }
+            rec.set_present(c, false);
+            freed += rec.chunk_size.min(rec.identity.size - c * rec.chunk_size);
+        }
+        if freed == 0 {
+            return 0;
+        }
+        if rec.present_count() == 0 {
+            // Nothing left: drop the entry entirely.
+            let bytes = self.cache.data_bytes(rel);
+            return self.cache.remove(rel).map(|_| bytes).unwrap_or(0);
+        }
+        if write_record(&files.meta, &rec, true).is_err() {
+            return 0;
+        }
+        for &c in chunks {
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            let off = (c * rec.chunk_size) as i64;
+            // Without hole punching the bytes stay until the file is evicted or refetched;
+            // the record no longer claims them either way.
+            unsafe {
+                libc::fallocate(
+                    std::os::fd::AsRawFd::as_raw_fd(&files.data),
+                    punch,
+                    off,
+                    rec.chunk_size as i64,
+                )
+            };
+        }
+        freed
     }
 }

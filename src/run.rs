@@ -163,6 +163,10 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             }
         })?;
 
+    fs.usage.chunked_above.store(
+        cfg.whole_file_threshold,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     fs.usage.set_limits(Some(CachingFs::initial_limits(&cfg)?));
     crate::cleaner::spawn(
         cfg.cache_dir.clone(),

@@ -211,6 +211,7 @@ impl Snapshot {
             ("pinned_bytes", c.pinned_bytes),
             ("cleans", c.cleans),
             ("evicted_files", c.evicted_files),
+            ("evicted_chunks", c.evicted_chunks),
             ("evicted_bytes", c.evicted_bytes),
             ("not_cached_when_full", c.chunks_not_cached_when_full),
         ] {

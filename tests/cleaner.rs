@@ -81,7 +81,7 @@ fn the_cache_stays_under_its_limit_and_a_clean_reaches_the_low_watermark() {
         );
     }
     let s = t.stats().cleaner;
-    assert!(s.evicted_files > 0, "{s:?}");
+    assert!(s.evicted_files + s.evicted_chunks > 0, "{s:?}");
     hoardfs(&["clean", t.mnt.to_str().unwrap()]);
     let used = cache_disk_usage(&t);
     assert!(used <= low, "after a clean: {used} > low watermark {low}");
@@ -182,4 +182,46 @@ fn open_files_are_not_evicted() {
     wait_for("release", || t.stats().open_handles == 0);
     hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "0"]);
     assert!(!cached(&t, "big"));
+}
+
+#[test]
+fn large_files_lose_chunks_not_everything() {
+    let t = TestMount::new(&[
+        "--cache-size",
+        "8M",
+        "--chunk-size",
+        "64K",
+        "--whole-file-threshold",
+        "128K",
+    ]);
+    let data = pattern(640 << 10, 21);
+    fs::write(t.s("big"), &data).unwrap();
+    let f = fs::File::open(t.m("big")).unwrap();
+    let mut buf = vec![0u8; data.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, 0).unwrap();
+    drop(f);
+    wait_for("release", || t.stats().open_handles == 0);
+    let before = cache_disk_usage(&t);
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "300K"]);
+    let after = cache_disk_usage(&t);
+    assert!(after <= 300 << 10 && after < before, "{before} -> {after}");
+    let rec =
+        hoardfs::cache::CacheRecord::decode(&fs::read(t.cache.join("meta/big")).unwrap()).unwrap();
+    let present = rec.present_count();
+    assert!(
+        present > 0 && present < rec.nchunks(),
+        "partially cached: {present}/{}",
+        rec.nchunks()
+    );
+    assert!(t.stats().cleaner.evicted_chunks > 0);
+    let from_source = t.stats().cache.bytes_from_source;
+    // Make the kernel ask the daemon again rather than answer from its page cache.
+    fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    assert_eq!(fs::read(t.m("big")).unwrap(), data);
+    let refetched = t.stats().cache.bytes_from_source - from_source;
+    assert_eq!(
+        refetched,
+        (rec.nchunks() - present) * CHUNK,
+        "only the evicted chunks come back"
+    );
 }

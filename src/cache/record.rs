@@ -7,7 +7,8 @@
 //! ```text
 //! magic "HOARDREC" | format u32 | flags u32 | ino u64 | size u64
 //! | mtime_s i64 | mtime_ns u32 | ctime_s i64 | ctime_ns u32
-//! | chunk_size u64 | last_used_ms u64 | nchunks u64 | bitmap ((nchunks+7)/8 bytes) | crc32 u32
+//! | chunk_size u64 | last_used_ms u64 | nchunks u64 | bitmap ((nchunks+7)/8 bytes)
+//! | chunk_used (nchunks x u32: minutes since the epoch of each chunk's last read) | crc32 u32
 //! ```
 //! The crc covers every byte before it.
 
@@ -15,7 +16,7 @@ use crate::source::Stat;
 
 const MAGIC: &[u8; 8] = b"HOARDREC";
 /// Bump whenever the layout changes; the golden-bytes test below forces it.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4 + 8 + 8 + 8;
 
 /// Set while writes are under way: the record's identity must not be trusted.
@@ -51,6 +52,9 @@ pub struct CacheRecord {
     pub last_used: u64,
     /// One bit per chunk of `identity.size`.
     pub present: Vec<u8>,
+    /// Per chunk, the minute (since the epoch) it was last read through the daemon: the
+    /// cleaner evicts the least recently used chunks of large files.
+    pub chunk_used: Vec<u32>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -81,6 +85,7 @@ impl CacheRecord {
             chunk_size,
             last_used: 0,
             present: vec![0; n.div_ceil(8) as usize],
+            chunk_used: vec![0; n as usize],
         }
     }
 
@@ -104,6 +109,13 @@ impl CacheRecord {
         }
     }
 
+    /// Notes a read of `chunk` at `minute`.
+    pub fn touch(&mut self, chunk: u64, minute: u32) {
+        if let Some(t) = self.chunk_used.get_mut(chunk as usize) {
+            *t = minute;
+        }
+    }
+
     pub fn present_count(&self) -> u64 {
         (0..self.nchunks()).filter(|&c| self.is_present(c)).count() as u64
     }
@@ -121,6 +133,7 @@ impl CacheRecord {
         self.identity.size = new_size;
         let n = self.nchunks();
         self.present.resize(n.div_ceil(8) as usize, 0);
+        self.chunk_used.resize(n as usize, 0);
         // Clear bits past the new end so the trailing byte stays canonical.
         for c in n..(self.present.len() as u64 * 8) {
             let (byte, bit) = ((c / 8) as usize, 1u8 << (c % 8));
@@ -149,6 +162,9 @@ impl CacheRecord {
         b.extend_from_slice(&self.last_used.to_le_bytes());
         b.extend_from_slice(&self.nchunks().to_le_bytes());
         b.extend_from_slice(&self.present);
+        for t in &self.chunk_used {
+            b.extend_from_slice(&t.to_le_bytes());
+        }
         let crc = crc32fast::hash(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -182,18 +198,24 @@ impl CacheRecord {
         let chunk_size = u64_at(56);
         let last_used = u64_at(64);
         let nchunks = u64_at(72);
+        let bitmap_len = nchunks.div_ceil(8) as usize;
         if chunk_size == 0
             || nchunks != chunk_count(identity.size, chunk_size)
-            || body_len - HEADER_LEN != nchunks.div_ceil(8) as usize
+            || (body_len - HEADER_LEN) as u64 != bitmap_len as u64 + 4 * nchunks
         {
             return Err(RecordError::Inconsistent);
         }
+        let used_at = HEADER_LEN + bitmap_len;
+        let chunk_used = (0..nchunks as usize)
+            .map(|i| u32_at(used_at + 4 * i))
+            .collect();
         Ok(CacheRecord {
             identity,
             dirty: flags & FLAG_DIRTY != 0,
             chunk_size,
             last_used,
-            present: b[HEADER_LEN..body_len].to_vec(),
+            present: b[HEADER_LEN..used_at].to_vec(),
+            chunk_used,
         })
     }
 }
@@ -212,6 +234,9 @@ mod tests {
         }
     }
 
+    /// The encoding of the record below, byte for byte.
+    const GOLDEN: &str = "484f41524452454302000000000000002a000000000000000a0000000000000000f15365000000007b00000001f1536500000000c801000004000000000000000700000000000000030000000000000002000000000000000000000000293e8f6d";
+
     #[test]
     fn golden_bytes_force_a_format_bump() {
         let mut r = CacheRecord::empty(ident(10), 4);
@@ -219,12 +244,9 @@ mod tests {
         r.last_used = 7;
         let bytes = r.encode();
         // If this changes, bump FORMAT: old records must not be misread.
-        assert_eq!(bytes.len(), HEADER_LEN + 1 + 4);
-        assert_eq!(
-            crc32fast::hash(&bytes),
-            0x2144_df1c,
-            "format changed: bump FORMAT"
-        );
+        assert_eq!(bytes.len(), HEADER_LEN + 1 + 3 * 4 + 4);
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, GOLDEN, "format changed: bump FORMAT and update GOLDEN");
     }
 
     #[test]
@@ -262,7 +284,7 @@ mod tests {
         #[test]
         fn roundtrip(size in 0u64..1_000_000, cs in 1u64..70_000, bits in proptest::collection::vec(any::<bool>(), 0..64), dirty: bool) {
             let mut r = CacheRecord::empty(ident(size), cs);
-            for (i, b) in bits.iter().enumerate() { r.set_present(i as u64, *b); }
+            for (i, b) in bits.iter().enumerate() { r.set_present(i as u64, *b); r.touch(i as u64, i as u32 * 7); }
             r.dirty = dirty;
             prop_assert_eq!(CacheRecord::decode(&r.encode()).unwrap(), r);
         }
