@@ -274,6 +274,8 @@ impl CachingFs {
 
     /// Runs a clean now, down to `to` bytes or the low watermark.
     pub fn clean(&self, to: Option<u64>) -> u64 {
+        // Asked for by a person: down to the low watermark even if below the high one.
+        let to = to.or(self.usage.limits().map(|l| l.low()));
         crate::cleaner::clean_once(&self.cfg.cache_dir, &self.pins, &self.usage, to, self)
     }
 
