@@ -92,6 +92,14 @@ pub struct Opened {
     pub backing: Option<Arc<BackingId>>,
 }
 
+/// The listing an open directory handle serves, read once at opendir.
+#[derive(Debug)]
+pub struct DirList {
+    pub dir_id: u64,
+    pub path: PathBuf,
+    pub entries: Vec<ListEntry>,
+}
+
 /// One entry of a directory listing held by an open directory handle.
 #[derive(Clone, Debug)]
 pub struct ListEntry {
@@ -106,7 +114,7 @@ pub struct CachingFs {
     cache: CacheStore,
     pub inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
-    dirs: Mutex<HashMap<u64, Arc<Vec<ListEntry>>>>,
+    dirs: Mutex<HashMap<u64, Arc<DirList>>>,
     /// Per (inode, lock owner): the source descriptor whose OFD locks stand for that
     /// owner's POSIX locks, so that locks hold on the source for every client.
     locks: Mutex<HashMap<(u64, u64), File>>,
@@ -722,11 +730,45 @@ impl CachingFs {
             });
         }
         let fh = self.new_fh();
+        let list = DirList {
+            dir_id: id,
+            path,
+            entries: list,
+        };
         self.dirs.lock().unwrap().insert(fh, Arc::new(list));
         Ok(fh)
     }
 
-    pub fn dir_entries(&self, fh: u64) -> Result<Arc<Vec<ListEntry>>> {
+    /// Attributes for a readdirplus batch. Each entry returned with `Some` counts as one
+    /// kernel lookup of it (the caller must `forget` entries it could not send); `.` and
+    /// `..` do not count, as the kernel does not link them.
+    pub fn readdirplus_attrs(
+        &self,
+        list: &DirList,
+        from: usize,
+        max: usize,
+    ) -> Vec<Option<FileAttr>> {
+        let batch: Vec<&ListEntry> = list.entries.iter().skip(from).take(max).collect();
+        let names: Vec<&OsStr> = batch.iter().map(|e| e.name.as_os_str()).collect();
+        let Ok(stats) = self.source.stat_children(&list.path, &names) else {
+            return vec![None; batch.len()];
+        };
+        batch
+            .iter()
+            .zip(stats)
+            .map(|(e, st)| {
+                let st = st.ok()?;
+                if e.name == "." || e.name == ".." {
+                    return Some(attr_of(list.dir_id, &st));
+                }
+                let path = child(&list.path, &e.name).ok()?;
+                let inode = self.inodes.lookup(list.dir_id, &path, &st);
+                Some(attr_of(inode.id, &st))
+            })
+            .collect()
+    }
+
+    pub fn dir_entries(&self, fh: u64) -> Result<Arc<DirList>> {
         self.dirs
             .lock()
             .unwrap()

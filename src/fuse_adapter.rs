@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::CachingFs;
@@ -85,7 +85,12 @@ impl FuseAdapter {
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let caps = config.capabilities();
-        let mut want = InitFlags::FUSE_CACHE_SYMLINKS | InitFlags::FUSE_POSIX_LOCKS;
+        // Readdirplus (adaptive: the kernel asks for it when lookups follow a listing)
+        // answers `ls -l` without one lookup per name.
+        let mut want = InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_POSIX_LOCKS
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO;
         if self.fs.passthrough_enabled() {
             if caps.contains(InitFlags::FUSE_PASSTHROUGH) {
                 want |= InitFlags::FUSE_PASSTHROUGH;
@@ -364,7 +369,7 @@ impl Filesystem for FuseAdapter {
         self.fs.stats.count(Op::Readdir);
         match self.fs.dir_entries(fh.0) {
             Ok(list) => {
-                for (i, e) in list.iter().enumerate().skip(offset as usize) {
+                for (i, e) in list.entries.iter().enumerate().skip(offset as usize) {
                     if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
                         break;
                     }
@@ -373,6 +378,43 @@ impl Filesystem for FuseAdapter {
             }
             Err(e) => reply.error(e),
         }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.fs.stats.count(Op::Readdirplus);
+        let list = match self.fs.dir_entries(fh.0) {
+            Ok(list) => list,
+            Err(e) => return reply.error(e),
+        };
+        let ttl = self.fs.cfg.entry_ttl;
+        let mut i = offset as usize;
+        'fill: while i < list.entries.len() {
+            // Stat in batches: a reply buffer holds a few dozen entries.
+            let attrs = self.fs.readdirplus_attrs(&list, i, 64);
+            for (k, attr) in attrs.iter().enumerate() {
+                let e = &list.entries[i + k];
+                let Some(attr) = attr else { continue };
+                if reply.add(attr.ino, (i + k + 1) as u64, &e.name, &ttl, attr, GEN) {
+                    // Did not fit: undo the lookups of this and the rest of the batch.
+                    for a in attrs[k..].iter().flatten() {
+                        // `.` and `..` carry the directory's id and were not counted.
+                        if a.ino != INodeNo(list.dir_id) {
+                            self.fs.forget(a.ino.0, 1);
+                        }
+                    }
+                    break 'fill;
+                }
+            }
+            i += attrs.len();
+        }
+        reply.ok()
     }
 
     fn releasedir(

@@ -254,6 +254,27 @@ impl BeneathRoot {
         Ok(Stat::from_libc(&st))
     }
 
+    /// `lstat` of each name in the directory `dir`, opening the directory once.
+    pub fn stat_children(&self, dir: &Path, names: &[&OsStr]) -> io::Result<Vec<io::Result<Stat>>> {
+        let fd = self.dir(dir)?;
+        Ok(names
+            .iter()
+            .map(|name| {
+                let name = cstr(name)?;
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                cvt(unsafe {
+                    libc::fstatat(
+                        fd.as_raw_fd(),
+                        name.as_ptr(),
+                        &mut st,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
+                })?;
+                Ok(Stat::from_libc(&st))
+            })
+            .collect())
+    }
+
     pub fn open_file(&self, rel: &Path, flags: i32) -> io::Result<File> {
         let fd = self.openat(rel, OFlags::from_bits_retain(flags as u32), 0)?;
         Ok(File::from(fd))

@@ -791,3 +791,34 @@ fn creating_in_a_directory_removed_behind_the_mount_is_enoent() {
         libc::ENOENT
     );
 }
+
+#[test]
+fn listing_with_attributes_needs_no_lookups() {
+    let t = TestMount::new(&["--entry-ttl", "60", "--attr-ttl", "60"]);
+    fs::create_dir(t.s("d")).unwrap();
+    for i in 0..200 {
+        fs::write(t.s(&format!("d/f{i}")), format!("{i}")).unwrap();
+    }
+    let before = t.stats().requests;
+    // What `ls -l` does: list, then stat every name.
+    let mut n = 0;
+    for e in fs::read_dir(t.m("d")).unwrap() {
+        let e = e.unwrap();
+        let m = fs::symlink_metadata(e.path()).unwrap();
+        assert!(m.is_file());
+        n += 1;
+    }
+    assert_eq!(n, 200);
+    let after = t.stats().requests;
+    let lookups = after["lookup"] - before["lookup"];
+    assert!(
+        after["readdirplus"] > before["readdirplus"],
+        "readdirplus used"
+    );
+    assert!(
+        lookups <= 2,
+        "{lookups} lookups reached the daemon for 200 names"
+    );
+    // The names are the kernel's now: the sizes are right without asking again.
+    assert_eq!(fs::metadata(t.m("d/f150")).unwrap().len(), 3);
+}
