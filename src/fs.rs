@@ -97,6 +97,8 @@ pub struct Opened {
 pub struct DirList {
     pub dir_id: u64,
     pub path: PathBuf,
+    /// `O_PATH` descriptor of the directory.
+    fd: OwnedFd,
     pub entries: Vec<ListEntry>,
 }
 
@@ -305,6 +307,11 @@ impl CachingFs {
         self.inodes.get(id).ok_or(Errno::ESTALE)
     }
 
+    /// The path of node `id`; ENOENT when every name of it is gone (see `Inode::path`).
+    fn path_of(&self, id: u64) -> Result<PathBuf> {
+        self.inode(id)?.path().ok_or(Errno::ENOENT)
+    }
+
     fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
         self.handles
             .lock()
@@ -349,7 +356,11 @@ impl CachingFs {
             return Ok(attr_of(id, &fstat(src.as_fd()).map_err(errno)?));
         }
         let inode = self.inode(id)?;
-        match self.source.stat(&inode.path()) {
+        let stat = match inode.path() {
+            Some(path) => self.source.stat(&path),
+            None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        };
+        match stat {
             Ok(st) => Ok(attr_of(id, &st)),
             // fstat of an open file whose name is gone: answer from an open descriptor.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
@@ -362,8 +373,15 @@ impl CachingFs {
         }
     }
 
-    /// A descriptor of the source file behind an open inode, if one is open.
+    /// A descriptor of the source object behind an open inode, if one is open.
     fn open_source_fd(&self, inode: &Arc<Inode>) -> Option<OwnedFd> {
+        if inode.file_type == libc::S_IFDIR {
+            let dirs = self.dirs.lock().unwrap();
+            let list = dirs.values().find(|l| l.dir_id == inode.id)?;
+            return crate::source::dup_file(list.fd.as_fd())
+                .ok()
+                .map(OwnedFd::from);
+        }
         let guard = inode.file();
         let state = guard.as_ref()?;
         let fd = state
@@ -376,7 +394,7 @@ impl CachingFs {
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
         let dir = self.inode(parent)?;
-        let path = child(&dir.path(), name)?;
+        let path = child(&dir.path().ok_or(Errno::ENOENT)?, name)?;
         let st = self.source.stat(&path).map_err(errno)?;
         let inode = self.inodes.lookup(parent, &path, &st);
         Ok(attr_of(inode.id, &st))
@@ -416,7 +434,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<FileAttr> {
-        let dir = self.inode(parent)?.path();
+        let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
         self.finish_create(parent, &path, &dir, mode, uid, gid)
@@ -443,7 +461,9 @@ impl CachingFs {
                 mode: Some(mode & 0o7777),
                 ..Default::default()
             };
-            self.source.set_attr(path, None, &set).map_err(errno)?;
+            self.source
+                .set_attr(Some(path), None, &set)
+                .map_err(errno)?;
         }
         self.entry_after_create(parent, path)
     }
@@ -456,7 +476,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<FileAttr> {
-        let dir = self.inode(parent)?.path();
+        let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mkdir(&path, mode).map_err(errno)?;
         if let Err(e) = self.own_new(&path, &dir, uid, gid) {
@@ -474,7 +494,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<FileAttr> {
-        let dir = self.inode(parent)?.path();
+        let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.symlink(target, &path).map_err(errno)?;
         if let Err(e) = self.own_new(&path, &dir, uid, gid) {
@@ -485,11 +505,11 @@ impl CachingFs {
     }
 
     pub fn readlink(&self, id: u64) -> Result<Vec<u8>> {
-        self.source.readlink(&self.inode(id)?.path()).map_err(errno)
+        self.source.readlink(&self.path_of(id)?).map_err(errno)
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
-        let path = child(&self.inode(parent)?.path(), name)?;
+        let path = child(&self.path_of(parent)?, name)?;
         let before = self.source.stat(&path).map_err(errno)?;
         self.source.unlink(&path).map_err(errno)?;
         if let Some(inode) = self.find_inode(&path, &before) {
@@ -509,8 +529,12 @@ impl CachingFs {
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
-        let path = child(&self.inode(parent)?.path(), name)?;
+        let path = child(&self.path_of(parent)?, name)?;
+        let before = self.source.stat(&path).ok();
         self.source.rmdir(&path).map_err(errno)?;
+        if let Some(inode) = before.and_then(|st| self.inodes.find(&path, &st)) {
+            inode.remove_name(&path);
+        }
         if let Err(e) = self.cache.remove(&path) {
             tracing::warn!(?path, "cannot drop cache entry: {e}");
         }
@@ -525,8 +549,8 @@ impl CachingFs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
-        let from = child(&self.inode(parent)?.path(), name)?;
-        let to = child(&self.inode(newparent)?.path(), newname)?;
+        let from = child(&self.path_of(parent)?, name)?;
+        let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).ok();
         self.source.rename(&from, &to, flags).map_err(errno)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
@@ -542,8 +566,8 @@ impl CachingFs {
     }
 
     pub fn link(&self, id: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr> {
-        let from = self.inode(id)?.path();
-        let to = child(&self.inode(newparent)?.path(), newname)?;
+        let from = self.path_of(id)?;
+        let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).map_err(errno)?;
         self.source.link(&from, &to).map_err(errno)?;
         let st = self.source.stat(&to).map_err(errno)?;
@@ -562,12 +586,14 @@ impl CachingFs {
         let inode = self.inode(id)?;
         let path = inode.path();
         let handle = fh.and_then(|fh| self.handle(fh).ok());
+        // The caller's open file when it gave one: its name may be gone.
         let src_fd = handle.as_ref().and_then(|h| h.source.as_ref());
-        let before = match src_fd {
-            Some(f) => fstat(f.as_fd()),
-            None => self.source.stat(&path),
-        }
-        .map_err(errno)?;
+        let stat_now = || match (src_fd, &path) {
+            (Some(f), _) => fstat(f.as_fd()),
+            (None, Some(p)) => self.source.stat(p),
+            (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        };
+        let before = stat_now().map_err(errno)?;
         if let Some(size) = attr.size {
             if !before.is_file() {
                 return Err(if before.is_dir() {
@@ -576,12 +602,14 @@ impl CachingFs {
                     Errno::EINVAL
                 });
             }
-            return self.truncate(&inode, &path, src_fd, size, attr);
+            return self.truncate(&inode, path.as_deref(), src_fd, size, attr);
         }
-        self.source.set_attr(&path, None, &attr).map_err(errno)?;
-        let after = self.source.stat(&path).map_err(errno)?;
-        if after.is_file() {
-            self.own_change(&path, &before, &after);
+        self.source
+            .set_attr(path.as_deref(), src_fd.map(|f| f.as_fd()), &attr)
+            .map_err(errno)?;
+        let after = stat_now().map_err(errno)?;
+        if let (true, Some(path)) = (after.is_file(), &path) {
+            self.own_change(path, &before, &after);
         }
         Ok(attr_of(id, &after))
     }
@@ -619,7 +647,7 @@ impl CachingFs {
     fn truncate(
         &self,
         inode: &Arc<Inode>,
-        path: &Path,
+        path: Option<&Path>,
         fd: Option<&File>,
         size: u64,
         attr: SetAttr,
@@ -629,9 +657,10 @@ impl CachingFs {
             self.mark_written(state);
         }
         let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
-        let after = match fd {
-            Some(f) => fstat(f.as_fd()),
-            None => self.source.stat(path),
+        let after = match (fd, path) {
+            (Some(f), _) => fstat(f.as_fd()),
+            (None, Some(path)) => self.source.stat(path),
+            (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
         match guard.as_mut() {
             Some(state) => match (&r, &after) {
@@ -652,7 +681,7 @@ impl CachingFs {
                 _ => self.drop_cached(state),
             },
             None => {
-                if let Err(e) = self.cache.remove(path) {
+                if let Some(Err(e)) = path.map(|p| self.cache.remove(p)) {
                     tracing::warn!(?path, "cannot drop cache entry: {e}");
                 }
             }
@@ -668,19 +697,19 @@ impl CachingFs {
     // ---------------------------------------------------------------- xattrs
 
     pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> Result<Vec<u8>> {
-        let path = self.inode(id)?.path();
+        let path = self.path_of(id)?;
         self.source
             .getxattr(&path, name, size as usize)
             .map_err(errno)
     }
 
     pub fn listxattr(&self, id: u64, size: u32) -> Result<Vec<u8>> {
-        let path = self.inode(id)?.path();
+        let path = self.path_of(id)?;
         self.source.listxattr(&path, size as usize).map_err(errno)
     }
 
     pub fn setxattr(&self, id: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
-        let path = self.inode(id)?.path();
+        let path = self.path_of(id)?;
         let before = self.source.stat(&path).ok();
         self.source
             .setxattr(&path, name, value, flags)
@@ -692,7 +721,7 @@ impl CachingFs {
     }
 
     pub fn removexattr(&self, id: u64, name: &OsStr) -> Result<()> {
-        let path = self.inode(id)?.path();
+        let path = self.path_of(id)?;
         let before = self.source.stat(&path).ok();
         self.source.removexattr(&path, name).map_err(errno)?;
         if let (Some(b), Ok(a)) = (before.filter(|b| b.is_file()), self.source.stat(&path)) {
@@ -705,7 +734,16 @@ impl CachingFs {
 
     pub fn opendir(&self, id: u64) -> Result<u64> {
         let inode = self.inode(id)?;
-        let path = inode.path();
+        let path = inode.path().ok_or(Errno::ENOENT)?;
+        // Kept for fstat of the open directory once its name is gone.
+        let fd = self
+            .source
+            .openat(
+                &path,
+                rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+                0,
+            )
+            .map_err(errno)?;
         let entries = self.source.read_dir(&path).map_err(errno)?;
         let mut list = Vec::with_capacity(entries.len() + 2);
         list.push(ListEntry {
@@ -733,6 +771,7 @@ impl CachingFs {
         let list = DirList {
             dir_id: id,
             path,
+            fd,
             entries: list,
         };
         self.dirs.lock().unwrap().insert(fh, Arc::new(list));
@@ -792,7 +831,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<(FileAttr, Opened)> {
-        let dir = self.inode(parent)?.path();
+        let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         // Exclusive first, so that we know we made it and may give it to the caller; a file
         // that appeared on the source meanwhile is opened as it is unless O_EXCL was asked.
@@ -864,7 +903,7 @@ impl CachingFs {
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let inode = self.inode(id)?;
-        let path = inode.path();
+        let path = inode.path().ok_or(Errno::ENOENT)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let path_fd = self
             .source
@@ -1463,7 +1502,7 @@ impl CachingFs {
             None => {
                 owned = self
                     .source
-                    .open_file(&h.inode.path(), libc::O_RDONLY)
+                    .open_file(&h.inode.path().ok_or(Errno::ENOENT)?, libc::O_RDONLY)
                     .map_err(errno)?;
                 &owned
             }
@@ -1484,10 +1523,11 @@ impl CachingFs {
         }
         let h = self.handle(fh)?;
         // OFD locks need a descriptor open for the lock's type: read-write where possible.
+        let path = h.inode.path().ok_or(Errno::ENOENT)?;
         let f = self
             .source
-            .open_file(&h.inode.path(), libc::O_RDWR)
-            .or_else(|_| self.source.open_file(&h.inode.path(), libc::O_RDONLY))
+            .open_file(&path, libc::O_RDWR)
+            .or_else(|_| self.source.open_file(&path, libc::O_RDONLY))
             .map_err(errno)?;
         let dup = crate::source::dup_file(f.as_fd()).map_err(errno)?;
         locks.insert((id, owner), f);

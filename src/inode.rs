@@ -126,14 +126,12 @@ impl Inode {
         }
     }
 
-    /// The path of the name last used to reach this inode.
-    pub fn path(&self) -> PathBuf {
-        self.names
-            .lock()
-            .unwrap()
-            .first()
-            .cloned()
-            .unwrap_or_default()
+    /// The path of the name last used to reach this inode; `None` once every name it was
+    /// known by is gone (an open file that was unlinked or renamed over): such an inode is
+    /// reached only through its open descriptors, never through a path that now names
+    /// something else.
+    pub fn path(&self) -> Option<PathBuf> {
+        self.names.lock().unwrap().first().cloned()
     }
 
     /// Makes `path` the name used from now on.
@@ -145,10 +143,7 @@ impl Inode {
 
     /// `path` no longer names this inode; another known name (a hard link) takes over.
     pub fn remove_name(&self, path: &Path) {
-        let mut names = self.names.lock().unwrap();
-        if names.len() > 1 {
-            names.retain(|n| n != path);
-        }
+        self.names.lock().unwrap().retain(|n| n != path);
     }
 
     pub fn parent(&self) -> u64 {
@@ -551,6 +546,10 @@ impl InodeTable {
         let inner = self.inner.lock().unwrap();
         for e in inner.by_id.values() {
             let mut names = e.inode.names.lock().unwrap();
+            if !exchange {
+                // Whatever `to` named before is replaced: that inode loses the name.
+                names.retain(|p| !p.starts_with(to) || p.starts_with(from));
+            }
             for p in names.iter_mut() {
                 if let Ok(rest) = p.strip_prefix(from) {
                     *p = join(to, rest);
@@ -618,7 +617,7 @@ impl InodeTable {
             if open {
                 continue;
             }
-            if let Some(name) = inode.path().file_name() {
+            if let Some(name) = inode.path().as_deref().and_then(Path::file_name) {
                 out.push((inode.parent(), name.to_os_string()));
             }
         }
@@ -689,8 +688,8 @@ mod tests {
         InodeTable::new(&st(2, libc::S_IFDIR), l)
     }
 
-    fn p(s: &str) -> PathBuf {
-        PathBuf::from(s)
+    fn p(s: &str) -> Option<PathBuf> {
+        Some(PathBuf::from(s))
     }
 
     #[test]
@@ -705,8 +704,8 @@ mod tests {
         a.remove_name(Path::new("a"));
         assert_eq!(
             a.path(),
-            p("a"),
-            "the last name stays (open unlinked files)"
+            None,
+            "no name left: reached only through open files"
         );
         t.forget(a.id, 1);
         assert_eq!(t.snapshot().referenced, 2);
@@ -748,7 +747,10 @@ mod tests {
     fn excess_free_entries_are_freed_in_batches_oldest_first() {
         let t = table(1_000_000, 10);
         let ids: Vec<u64> = (0..500)
-            .map(|i| t.lookup(ROOT_ID, &p(&format!("f{i}")), &file(100 + i)).id)
+            .map(|i| {
+                t.lookup(ROOT_ID, &PathBuf::from(format!("f{i}")), &file(100 + i))
+                    .id
+            })
             .collect();
         for &id in &ids {
             t.forget(id, 1);
@@ -793,7 +795,7 @@ mod tests {
     fn referenced_entries_are_never_freed_even_far_over_the_maximum() {
         let t = table(10, 0);
         let held: Vec<Arc<Inode>> = (0..1000)
-            .map(|i| t.lookup(ROOT_ID, &p(&format!("f{i}")), &file(100 + i)))
+            .map(|i| t.lookup(ROOT_ID, &PathBuf::from(format!("f{i}")), &file(100 + i)))
             .collect();
         t.advance(Duration::from_secs(100));
         t.maintain();
@@ -814,7 +816,7 @@ mod tests {
         let t = table(100, 0);
         let dir = t.lookup(ROOT_ID, Path::new("d"), &st(5, libc::S_IFDIR));
         for i in 0..200 {
-            t.lookup(dir.id, &p(&format!("d/f{i}")), &file(100 + i));
+            t.lookup(dir.id, &PathBuf::from(format!("d/f{i}")), &file(100 + i));
         }
         // d is looked up again: now the most recent.
         t.lookup(ROOT_ID, Path::new("d"), &st(5, libc::S_IFDIR));
@@ -877,7 +879,10 @@ mod tests {
         for round in 0..200u64 {
             for i in 0..100 {
                 let ino = 100 + (round * 37 + i) % 300;
-                held.push(t.lookup(ROOT_ID, &p(&format!("f{ino}")), &file(ino)).id);
+                held.push(
+                    t.lookup(ROOT_ID, &PathBuf::from(format!("f{ino}")), &file(ino))
+                        .id,
+                );
             }
             for id in held.drain(..) {
                 t.forget(id, 1);
@@ -901,7 +906,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..5000u64 {
                         let ino = 100 + (i * 7 + n) % 40;
-                        let a = t.lookup(ROOT_ID, &p(&format!("f{ino}")), &file(ino));
+                        let a = t.lookup(ROOT_ID, &PathBuf::from(format!("f{ino}")), &file(ino));
                         assert_eq!(a.key, (1, ino));
                         // While referenced, the id stays valid and means the same object.
                         let got = t.get(a.id).expect("a referenced entry is never freed");

@@ -365,43 +365,53 @@ impl BeneathRoot {
         .map_err(rustix_err)
     }
 
-    /// Applies the owner, mode, times and size changes of `attr` to `rel` (size through
-    /// `fd` when the caller has the file open, so that an unlinked open file works).
+    /// Applies the owner, mode, times and size changes of `attr`: through `fd` when the
+    /// caller has the file open (so that an open file whose name is gone still works),
+    /// otherwise to `rel`, never following a symlink.
     pub fn set_attr(
         &self,
-        rel: &Path,
+        rel: Option<&Path>,
         fd: Option<BorrowedFd<'_>>,
         attr: &SetAttr,
     ) -> io::Result<()> {
-        let (dir, name) = if rel.as_os_str().is_empty() {
-            (self.dir(Path::new(""))?, CString::new(".").unwrap())
-        } else {
-            self.parent(rel)?
+        // (dirfd, name, flags) naming the object for the *at calls.
+        let held;
+        let (at, name, flags) = match (fd, rel) {
+            (Some(fd), _) => (fd.as_raw_fd(), CString::default(), libc::AT_EMPTY_PATH),
+            (None, Some(rel)) if rel.as_os_str().is_empty() => {
+                (self.root.as_raw_fd(), CString::new(".").unwrap(), 0)
+            }
+            (None, Some(rel)) => {
+                let (dir, name) = self.parent(rel)?;
+                held = dir;
+                (held.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)
+            }
+            (None, None) => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
         if attr.uid.is_some() || attr.gid.is_some() {
             let uid = attr.uid.unwrap_or(u32::MAX);
             let gid = attr.gid.unwrap_or(u32::MAX);
-            cvt(unsafe {
-                libc::fchownat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    uid,
-                    gid,
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            })?;
+            cvt(unsafe { libc::fchownat(at, name.as_ptr(), uid, gid, flags) })?;
         }
         if let Some(mode) = attr.mode {
-            // fchmodat has no working AT_SYMLINK_NOFOLLOW; symlinks have no mode to set.
-            cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode & 0o7777, 0) })?;
+            let mode = mode & 0o7777;
+            if flags == libc::AT_EMPTY_PATH {
+                // fchmodat has no AT_EMPTY_PATH; the fd's /proc link names the object.
+                let p = CString::new(format!("/proc/self/fd/{at}")).unwrap();
+                cvt(unsafe { libc::chmod(p.as_ptr(), mode) })?;
+            } else {
+                // fchmodat has no working AT_SYMLINK_NOFOLLOW; symlinks have no mode to set.
+                cvt(unsafe { libc::fchmodat(at, name.as_ptr(), mode, 0) })?;
+            }
         }
         if let Some(size) = attr.size {
-            match fd {
-                Some(fd) => cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) })?,
-                None => {
+            match (fd, rel) {
+                (Some(fd), _) => cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) })?,
+                (None, Some(rel)) => {
                     let f = self.openat(rel, OFlags::WRONLY, 0)?;
                     cvt(unsafe { libc::ftruncate(f.as_raw_fd(), size as i64) })?
                 }
+                (None, None) => unreachable!("checked above"),
             };
         }
         if attr.atime.is_some() || attr.mtime.is_some() {
@@ -413,14 +423,20 @@ impl BeneathRoot {
                 attr.atime.map(TimeSpec::to_libc).unwrap_or(omit),
                 attr.mtime.map(TimeSpec::to_libc).unwrap_or(omit),
             ];
-            cvt(unsafe {
-                libc::utimensat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    times.as_ptr(),
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            })?;
+            if flags == libc::AT_EMPTY_PATH {
+                // utimensat(fd, NULL, ...) is futimens, and works on O_PATH descriptors too.
+                cvt(unsafe {
+                    libc::syscall(
+                        libc::SYS_utimensat,
+                        at,
+                        std::ptr::null::<libc::c_char>(),
+                        times.as_ptr(),
+                        0,
+                    ) as i32
+                })?;
+            } else {
+                cvt(unsafe { libc::utimensat(at, name.as_ptr(), times.as_ptr(), flags) })?;
+            }
         }
         Ok(())
     }

@@ -1301,7 +1301,7 @@ fn model(name: &str, passthrough: bool) {
 
 /// Reads served by the daemon: the mount must behave exactly like the local file system.
 #[test]
-#[ignore = "hoardfs bug: fails on fstat of an open file renamed over (see fstat_of_an_open_file_renamed_over)"]
+
 fn model_without_passthrough() {
     model("model_without_passthrough", false);
 }
@@ -1309,7 +1309,7 @@ fn model_without_passthrough() {
 /// Passthrough reads of fully cached files, minus the documented restriction (no writer may
 /// open a file held open by a passthrough reader).
 #[test]
-#[ignore = "hoardfs bug: fails on fstat of an open file renamed over (see fstat_of_an_open_file_renamed_over)"]
+
 fn model_with_passthrough() {
     model("model_with_passthrough", true);
 }
@@ -1352,7 +1352,7 @@ fn bytes(len: usize, seed: u64) -> Data {
 /// `ln f g; mv h g`: the inode of f keeps "g" as its path (the name it was last looked up
 /// by), so writes through f land in the file that was h.
 #[test]
-#[ignore = "hoardfs bug: after `ln f g; mv h g`, operations on f act on g (inode path follows a replaced link name)"]
+
 fn write_through_a_hard_link_whose_other_name_was_renamed_over() {
     use Op::*;
     regression(
@@ -1380,7 +1380,7 @@ fn write_through_a_hard_link_whose_other_name_was_renamed_over() {
 
 /// Same cause, seen as a mode: after `chmod 755 f; ln f g; mv h g`, `stat f` shows h's mode.
 #[test]
-#[ignore = "hoardfs bug: after `ln f g; mv h g`, stat of f shows the attributes of g"]
+
 fn stat_through_a_hard_link_whose_other_name_was_renamed_over() {
     use Op::*;
     regression(
@@ -1407,7 +1407,7 @@ fn stat_through_a_hard_link_whose_other_name_was_renamed_over() {
 /// fstat of an open file whose name another file was renamed over answers with the
 /// attributes of that other file (getattr goes by path).
 #[test]
-#[ignore = "hoardfs bug: fstat of an open file replaced by rename shows the replacing file's attributes"]
+
 fn fstat_of_an_open_file_renamed_over() {
     use Op::*;
     regression(
@@ -1432,7 +1432,7 @@ fn fstat_of_an_open_file_renamed_over() {
 /// attributes expired; immediately with a zero TTL), it gets the replacing file's size and
 /// reads through the open handle come back short.
 #[test]
-#[ignore = "hoardfs bug: reads of an open file replaced by rename are cut to the replacing file's size"]
+
 fn read_of_an_open_cached_file_renamed_over() {
     use Op::*;
     regression(
@@ -1468,7 +1468,7 @@ fn read_of_an_open_cached_file_renamed_over() {
 
 /// fstat of an open directory after rmdir: ENOENT instead of the directory's attributes.
 #[test]
-#[ignore = "hoardfs bug: fstat of an open directory fails with ENOENT after rmdir"]
+
 fn fstat_of_an_open_removed_directory() {
     use Op::*;
     regression(
@@ -1490,7 +1490,7 @@ fn fstat_of_an_open_removed_directory() {
 /// ftruncate of an open, unlinked file once its directory is gone: the source's set_attr
 /// opens the parent directory by path even when it has the file's descriptor.
 #[test]
-#[ignore = "hoardfs bug: ftruncate of an open unlinked file fails with ENOENT once its directory is removed"]
+
 fn ftruncate_of_an_open_file_whose_directory_was_removed() {
     use Op::*;
     regression(
