@@ -958,6 +958,9 @@ impl Harness {
         if v.ttl0 {
             args.extend(["--attr-ttl", "0", "--entry-ttl", "0", "--negative-ttl", "0"]);
         }
+        if v.tiny_cache {
+            args.extend(["--cache-size", "256K"]);
+        }
         let m = TestMount::new(&args);
         let ref_root = m.src.parent().unwrap().join("ref");
         std::fs::create_dir(&ref_root).unwrap();
@@ -1233,6 +1236,8 @@ struct Variant {
     passthrough: bool,
     /// Attribute, entry and negative TTLs of zero: every stat and lookup reaches the daemon.
     ttl0: bool,
+    /// A cache so small that the cleaner runs all the time.
+    tiny_cache: bool,
 }
 
 /// The tests of this file run one at a time: a `fork` for a child process (the daemon,
@@ -1283,10 +1288,19 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 /// Runs the model for random cases in one mount configuration (`ttl0` is drawn per case).
-fn model(name: &str, passthrough: bool) {
+fn model(name: &str, passthrough: bool, tiny_cache: bool) {
     let mut runner = TestRunner::new(config());
     let r = runner.run(&(init(), ops(), any::<bool>()), |(init, ops, ttl0)| {
-        run(&init, &ops, Variant { passthrough, ttl0 }).map_err(TestCaseError::fail)
+        run(
+            &init,
+            &ops,
+            Variant {
+                passthrough,
+                ttl0,
+                tiny_cache,
+            },
+        )
+        .map_err(TestCaseError::fail)
     });
     let c = COUNTS.with(|c| c.get());
     eprintln!(
@@ -1303,7 +1317,7 @@ fn model(name: &str, passthrough: bool) {
 #[test]
 
 fn model_without_passthrough() {
-    model("model_without_passthrough", false);
+    model("model_without_passthrough", false, false);
 }
 
 /// Passthrough reads of fully cached files, minus the documented restriction (no writer may
@@ -1311,7 +1325,13 @@ fn model_without_passthrough() {
 #[test]
 
 fn model_with_passthrough() {
-    model("model_with_passthrough", true);
+    model("model_with_passthrough", true, false);
+}
+
+/// The same with a 256 KiB cache: the cleaner evicts files and chunks between operations.
+#[test]
+fn model_with_a_tiny_cache() {
+    model("model_with_a_tiny_cache", true, true);
 }
 
 // ------------------------------------------------------------------------------ regressions
@@ -1322,18 +1342,22 @@ const ALL: [Variant; 4] = [
     Variant {
         passthrough: true,
         ttl0: false,
+        tiny_cache: false,
     },
     Variant {
         passthrough: false,
         ttl0: false,
+        tiny_cache: false,
     },
     Variant {
         passthrough: true,
         ttl0: true,
+        tiny_cache: false,
     },
     Variant {
         passthrough: false,
         ttl0: true,
+        tiny_cache: false,
     },
 ];
 
@@ -1462,6 +1486,7 @@ fn read_of_an_open_cached_file_renamed_over() {
         &[Variant {
             passthrough: false,
             ttl0: true,
+            tiny_cache: false,
         }],
     );
 }
