@@ -128,11 +128,30 @@ pub struct CachingFs {
     /// The cache's size estimate, limits and cleaner counters (`cleaner.rs`).
     pub usage: Arc<Usage>,
     pub pins: Arc<Pins>,
+    /// Whether the source keeps a file's inode number for its life. FUSE sources (sshfs,
+    /// rclone), SMB and 9p number files anew when their own caches forget them; there the
+    /// identity leaves the inode number out, or every re-lookup would look like a change.
+    stable_ino: bool,
     /// Inodes whose cache state is loaded (open through the mount): never evicted.
     loaded: Mutex<HashMap<u64, Arc<Inode>>>,
     /// Taken for reading while a cache state loads, for writing while the cleaner evicts a
     /// file, so that no open file can load a record whose data is being removed.
     evict_lock: RwLock<()>,
+}
+
+/// File systems whose inode numbers may change while a file exists.
+fn renumbers_inodes(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    const CIFS_MAGIC: i64 = 0xFF53_4D42;
+    const SMB2_MAGIC: i64 = 0xFE53_4D42;
+    const V9FS_MAGIC: i64 = 0x0102_1997;
+    match rustix::fs::fstatfs(fd) {
+        Ok(st) => matches!(
+            st.f_type as i64,
+            FUSE_SUPER_MAGIC | CIFS_MAGIC | SMB2_MAGIC | V9FS_MAGIC
+        ),
+        Err(_) => false,
+    }
 }
 
 fn kind_of(mode: u32) -> FileType {
@@ -210,6 +229,10 @@ fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 impl CachingFs {
     pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
         let source = BeneathRoot::open(&cfg.source)?;
+        let stable_ino = !renumbers_inodes(source.root_fd());
+        if !stable_ino {
+            tracing::info!("the source renumbers inodes: cache identity leaves them out");
+        }
         let root = source.stat(Path::new(""))?;
         Ok(CachingFs {
             source,
@@ -224,6 +247,7 @@ impl CachingFs {
             invalidate: Box::new(|_| {}),
             usage: Arc::new(Usage::default()),
             pins: Arc::new(Pins::load(&cfg.cache_dir)?),
+            stable_ino,
             loaded: Mutex::default(),
             evict_lock: RwLock::new(()),
             cfg,
@@ -287,6 +311,15 @@ impl CachingFs {
         // Asked for by a person: down to the low watermark even if below the high one.
         let to = to.or(self.usage.limits().map(|l| l.low()));
         crate::cleaner::clean_once(&self.cfg.cache_dir, &self.pins, &self.usage, to, self)
+    }
+
+    /// The identity of a source version as this mount compares it (see `stable_ino`).
+    fn identity(&self, st: &Stat) -> SourceIdentity {
+        let mut id = SourceIdentity::of(st);
+        if !self.stable_ino {
+            id.ino = 0;
+        }
+        id
     }
 
     /// Installs the hook that drops the kernel's cached copy of a node (FUSE notify).
@@ -621,8 +654,8 @@ impl CachingFs {
         if let Some(inode) = &inode {
             let mut guard = inode.file();
             if let Some(state) = guard.as_mut() {
-                if state.record.identity == SourceIdentity::of(before) || state.written {
-                    state.record.identity = SourceIdentity::of(after);
+                if state.record.identity == self.identity(before) || state.written {
+                    state.record.identity = self.identity(after);
                     if !state.written {
                         self.persist_record(state, false);
                     }
@@ -636,10 +669,10 @@ impl CachingFs {
         };
         if let Ok(Some(Ok(mut rec))) = read_record(&files.meta)
             && !rec.dirty
-            && rec.identity == SourceIdentity::of(before)
+            && rec.identity == self.identity(before)
             && before.size == after.size
         {
-            rec.identity = SourceIdentity::of(after);
+            rec.identity = self.identity(after);
             let _ = write_record(&files.meta, &rec, false);
         }
     }
@@ -673,7 +706,7 @@ impl CachingFs {
                         .is_ok();
                     if ok && after.size == size {
                         state.record.resize(size);
-                        state.record.identity = SourceIdentity::of(after);
+                        state.record.identity = self.identity(after);
                     } else {
                         self.drop_cached(state);
                     }
@@ -927,7 +960,7 @@ impl CachingFs {
             Some(state) => {
                 if self.cfg.stale_check
                     && !state.written
-                    && state.record.identity != SourceIdentity::of(&st)
+                    && state.record.identity != self.identity(&st)
                 {
                     self.stale(state, &st);
                     keep_cache = false;
@@ -1069,7 +1102,7 @@ impl CachingFs {
     ) -> (FileState, bool) {
         let _no_eviction = self.evict_lock.read().unwrap();
         self.loaded.lock().unwrap().insert(inode.id, inode.clone());
-        let identity = SourceIdentity::of(st);
+        let identity = self.identity(st);
         let mut state = FileState {
             files: None,
             record: CacheRecord::empty(identity, self.cfg.chunk_size),
@@ -1130,7 +1163,7 @@ impl CachingFs {
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
     fn reset(&self, state: &mut FileState, st: &Stat) {
-        state.record = CacheRecord::empty(SourceIdentity::of(st), self.cfg.chunk_size);
+        state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
         let Some(files) = &state.files else { return };
@@ -1389,7 +1422,7 @@ impl CachingFs {
                 }
             }
         }
-        state.record.identity = SourceIdentity::of(&after);
+        state.record.identity = self.identity(&after);
         Ok(data.len() as u32)
     }
 
@@ -1476,7 +1509,7 @@ impl CachingFs {
             match after {
                 Ok(after) if same_on_cache => {
                     state.record.resize(after.size);
-                    state.record.identity = SourceIdentity::of(&after);
+                    state.record.identity = self.identity(&after);
                 }
                 Ok(after) => {
                     self.drop_cached(state);
@@ -1485,7 +1518,7 @@ impl CachingFs {
                     for c in 0..state.record.nchunks() {
                         state.record.set_present(c, false);
                     }
-                    state.record.identity = SourceIdentity::of(&after);
+                    state.record.identity = self.identity(&after);
                 }
                 Err(_) => self.drop_cached(state),
             }

@@ -822,3 +822,62 @@ fn listing_with_attributes_needs_no_lookups() {
     // The names are the kernel's now: the sizes are right without asking again.
     assert_eq!(fs::metadata(t.m("d/f150")).unwrap().len(), 3);
 }
+
+/// Over a FUSE source (sshfs, rclone: they number inodes themselves, anew after their
+/// kernel forgets a file) the cache identity leaves inode numbers out, or every re-lookup
+/// would look like a new version. bindfs stands in for such a source here: it is FUSE,
+/// though it happens to pass the real inode numbers through.
+#[test]
+fn a_source_that_renumbers_inodes_keeps_its_cache() {
+    let d = tempfile::tempdir().unwrap();
+    let base = fs::canonicalize(d.path()).unwrap();
+    let (real, src, mnt, cache) = (
+        base.join("real"),
+        base.join("src"),
+        base.join("mnt"),
+        base.join("cache"),
+    );
+    for p in [&real, &src, &mnt] {
+        fs::create_dir(p).unwrap();
+    }
+    fs::write(real.join("f"), b"remote bytes").unwrap();
+    let st = Command::new("bindfs")
+        .arg(&real)
+        .arg(&src)
+        .status()
+        .expect("bindfs (apt-get install bindfs)");
+    assert!(st.success());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _bindfs = Unmount(&src);
+    let mount = || {
+        let st = Command::new(BIN)
+            .arg(&src)
+            .arg(&mnt)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    mount();
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), b"remote bytes");
+    Command::new("umount").arg(&mnt).status().unwrap();
+    let rec =
+        hoardfs::cache::CacheRecord::decode(&fs::read(cache.join("meta/f")).unwrap()).unwrap();
+    assert_eq!(rec.identity.ino, 0, "inode number left out of the identity");
+    assert_eq!(rec.identity.size, 12);
+    mount();
+    assert_eq!(fs::read(mnt.join("f")).unwrap(), b"remote bytes");
+    let s = hoardfs::control::request_stats(&mnt).unwrap();
+    Command::new("umount").arg(&mnt).status().unwrap();
+    assert_eq!(
+        s.cache.stale_invalidations, 0,
+        "inode {ino_before} -> {ino_after}: {s:?}"
+    );
+    assert_eq!(s.cache.bytes_from_source, 0);
+}
