@@ -147,7 +147,7 @@ fn renumbers_inodes(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     const V9FS_MAGIC: i64 = 0x0102_1997;
     match rustix::fs::fstatfs(fd) {
         Ok(st) => matches!(
-            st.f_type as i64,
+            st.f_type,
             FUSE_SUPER_MAGIC | CIFS_MAGIC | SMB2_MAGIC | V9FS_MAGIC
         ),
         Err(_) => false,
