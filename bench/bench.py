@@ -162,7 +162,11 @@ def teardown():
             os.kill(int(open(pidfile).read().strip()), signal.SIGTERM)
         except (OSError, ValueError):
             pass
-        os.unlink(pidfile)
+        # sshd removes its own pid file as it exits: it may already be gone.
+        try:
+            os.unlink(pidfile)
+        except FileNotFoundError:
+            pass
     if os.path.exists(f"/run/netns/{NETNS}"):
         for pid in sh(["ip", "netns", "pids", NETNS], check=False).stdout.split():
             try:
