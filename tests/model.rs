@@ -190,6 +190,8 @@ enum Op {
     ReadWhole(Pth),
     /// `lstat`: type, and size and permission bits of files.
     Stat(Pth),
+    /// `ls -l`: a directory's entries, sorted, each with the type readdir gives and its lstat.
+    ListDir(Pth),
     /// Close every pooled handle, then open each again by the path and mode it was opened with.
     Reopen,
     /// Close the pool, unmount (source must equal the reference, cache must agree with the
@@ -340,6 +342,7 @@ impl Op {
             },
             Op::ReadWhole(p) => Op::ReadWhole(r(p)),
             Op::Stat(p) => Op::Stat(r(p)),
+            Op::ListDir(p) => Op::ListDir(r(p)),
             Op::Open { slot, path, mode } => Op::Open {
                 slot,
                 path: r(path),
@@ -491,6 +494,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (file_path(), offset(), read_len()).prop_map(|(path, off, len)| Op::ReadAt { path, off, len }),
         2 => file_path().prop_map(Op::ReadWhole),
         2 => any_path().prop_map(Op::Stat),
+        1 => prop_oneof![2 => any::<u8>().prop_map(Pth::D), 1 => fixed(DIR_PATHS)].prop_map(Op::ListDir),
         1 => Just(Op::Reopen),
         1 => Just(Op::Remount),
         4 => (slot(), file_path(), mode).prop_map(|(slot, path, mode)| Op::Open { slot, path, mode }),
@@ -515,6 +519,8 @@ enum Outcome {
         size: Option<u64>,
         perm: Option<u32>,
     },
+    /// A listing: name, the type readdir reports, and the entry's lstat (`Meta` or `Err`).
+    Listing(Vec<(String, char, Outcome)>),
     /// errno (-1 when the error carried none).
     Err(i32),
 }
@@ -536,9 +542,35 @@ impl fmt::Debug for Outcome {
                     perm.map(|p| format!("{p:o}"))
                 )
             }
+            Outcome::Listing(l) => f.debug_list().entries(l).finish(),
             Outcome::Err(e) => write!(f, "Err({})", errno_name(*e)),
         }
     }
+}
+
+fn kind_char(ft: std::fs::FileType) -> char {
+    if ft.is_file() {
+        'f'
+    } else if ft.is_dir() {
+        'd'
+    } else {
+        '?'
+    }
+}
+
+fn list_dir(dir: &Path) -> io::Result<Vec<(String, char, Outcome)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let m = outcome(std::fs::symlink_metadata(e.path()), |m| meta_of(&m));
+        out.push((
+            e.file_name().to_string_lossy().into_owned(),
+            kind_char(e.file_type()?),
+            m,
+        ));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
 
 fn errno_name(e: i32) -> String {
@@ -570,13 +602,7 @@ fn outcome<T>(r: io::Result<T>, f: impl FnOnce(T) -> Outcome) -> Outcome {
 
 fn meta_of(m: &std::fs::Metadata) -> Outcome {
     let ft = m.file_type();
-    let kind = if ft.is_file() {
-        'f'
-    } else if ft.is_dir() {
-        'd'
-    } else {
-        '?'
-    };
+    let kind = kind_char(ft);
     // Directory sizes are the source's, not comparable with the reference's.
     let size = ft.is_file().then_some(m.len());
     let perm = Some(m.permissions().mode() & 0o7777);
@@ -724,6 +750,7 @@ impl Side {
             }
             Op::ReadWhole(path) => outcome(std::fs::read(self.p(path)), Outcome::Bytes),
             Op::Stat(path) => outcome(std::fs::symlink_metadata(self.p(path)), |m| meta_of(&m)),
+            Op::ListDir(path) => outcome(list_dir(&self.p(path)), Outcome::Listing),
             Op::Open { slot, path, mode } => self.open_slot(slot, path.get(), mode),
             Op::WriteHandle { slot, off, data } => self.with_slot(slot, |f| {
                 let b = data.bytes();
@@ -1021,16 +1048,42 @@ impl Harness {
         if !st.success() {
             return Err(self.fail("umount failed".into()));
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // A mount namespace created while the mount existed (`ip netns exec`, `unshare -m`,
+        // a sandbox) holds a copy of it, which keeps the FUSE connection, and so the daemon,
+        // alive after our umount until that namespace goes away: wait such copies out.
+        let start = Instant::now();
+        // The daemon must exit within 10 s of the umount, or of the last copy going away.
+        let mut last_copy = start;
+        let mut noted = false;
         while process_running(pid) {
-            if Instant::now() > deadline {
-                let msg = self.fail(format!(
-                    "the daemon (pid {pid}) is still running 10 s after a successful umount:\n{}",
-                    thread_stacks(pid)
-                ));
-                // Shrinking may not hit the hang again: show this one now.
-                eprintln!("{msg}");
-                return Err(msg);
+            let now = Instant::now();
+            if now - start > Duration::from_secs(10) {
+                let copies = mount_copies(&self.m.mnt);
+                if !copies.is_empty() {
+                    last_copy = now;
+                    if !noted {
+                        eprintln!(
+                            "note: the daemon outlives its umount while other mount namespaces \
+                             hold copies of the mount ({}); waiting for them to go away",
+                            copies.join(", ")
+                        );
+                        noted = true;
+                    }
+                }
+                if now - last_copy > Duration::from_secs(10)
+                    || now - start > Duration::from_secs(300)
+                {
+                    let msg = self.fail(format!(
+                        "the daemon (pid {pid}) is still running {} s after a successful umount; \
+                         copies of the mount in other mount namespaces: {copies:?}; its threads:\n{}",
+                        (now - start).as_secs(),
+                        thread_stacks(pid)
+                    ));
+                    // Shrinking may not hit the hang again: show this one now.
+                    eprintln!("{msg}");
+                    return Err(msg);
+                }
+                std::thread::sleep(Duration::from_millis(200));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -1181,6 +1234,38 @@ fn process_running(pid: u32) -> bool {
     }
 }
 
+/// The processes in other mount namespaces that still have a copy of the mount at `mnt`
+/// (`ip netns exec`, `unshare -m`, sandboxes started while the mount existed).
+fn mount_copies(mnt: &Path) -> Vec<String> {
+    let ours = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let want = mnt.to_string_lossy().into_owned();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let p = e.path();
+        let Ok(ns) = std::fs::read_link(p.join("ns/mnt")) else {
+            continue;
+        };
+        if Some(&ns) == ours.as_ref() || !seen.insert(ns.clone()) {
+            continue;
+        }
+        let info = std::fs::read_to_string(p.join("mountinfo")).unwrap_or_default();
+        if info
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+        {
+            let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+            out.push(format!(
+                "pid {} ({}) in {}",
+                e.file_name().to_string_lossy(),
+                comm.trim(),
+                ns.display()
+            ));
+        }
+    }
+    out
+}
+
 /// The stacks of a hung daemon's threads: gdb's backtraces if gdb is installed, otherwise
 /// each thread's kernel wait channel.
 fn thread_stacks(pid: u32) -> String {
@@ -1315,7 +1400,6 @@ fn model(name: &str, passthrough: bool, tiny_cache: bool) {
 
 /// Reads served by the daemon: the mount must behave exactly like the local file system.
 #[test]
-
 fn model_without_passthrough() {
     model("model_without_passthrough", false, false);
 }
@@ -1323,7 +1407,6 @@ fn model_without_passthrough() {
 /// Passthrough reads of fully cached files, minus the documented restriction (no writer may
 /// open a file held open by a passthrough reader).
 #[test]
-
 fn model_with_passthrough() {
     model("model_with_passthrough", true, false);
 }
@@ -1376,7 +1459,6 @@ fn bytes(len: usize, seed: u64) -> Data {
 /// `ln f g; mv h g`: the inode of f keeps "g" as its path (the name it was last looked up
 /// by), so writes through f land in the file that was h.
 #[test]
-
 fn write_through_a_hard_link_whose_other_name_was_renamed_over() {
     use Op::*;
     regression(
@@ -1404,7 +1486,6 @@ fn write_through_a_hard_link_whose_other_name_was_renamed_over() {
 
 /// Same cause, seen as a mode: after `chmod 755 f; ln f g; mv h g`, `stat f` shows h's mode.
 #[test]
-
 fn stat_through_a_hard_link_whose_other_name_was_renamed_over() {
     use Op::*;
     regression(
@@ -1431,7 +1512,6 @@ fn stat_through_a_hard_link_whose_other_name_was_renamed_over() {
 /// fstat of an open file whose name another file was renamed over answers with the
 /// attributes of that other file (getattr goes by path).
 #[test]
-
 fn fstat_of_an_open_file_renamed_over() {
     use Op::*;
     regression(
@@ -1456,7 +1536,6 @@ fn fstat_of_an_open_file_renamed_over() {
 /// attributes expired; immediately with a zero TTL), it gets the replacing file's size and
 /// reads through the open handle come back short.
 #[test]
-
 fn read_of_an_open_cached_file_renamed_over() {
     use Op::*;
     regression(
@@ -1493,7 +1572,6 @@ fn read_of_an_open_cached_file_renamed_over() {
 
 /// fstat of an open directory after rmdir: ENOENT instead of the directory's attributes.
 #[test]
-
 fn fstat_of_an_open_removed_directory() {
     use Op::*;
     regression(
@@ -1515,7 +1593,6 @@ fn fstat_of_an_open_removed_directory() {
 /// ftruncate of an open, unlinked file once its directory is gone: the source's set_attr
 /// opens the parent directory by path even when it has the file's descriptor.
 #[test]
-
 fn ftruncate_of_an_open_file_whose_directory_was_removed() {
     use Op::*;
     regression(
