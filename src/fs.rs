@@ -1580,6 +1580,30 @@ impl CachingFs {
         fl
     }
 
+    /// One OFD-lock `fcntl` on the source for `owner`'s POSIX lock on `id`.
+    #[allow(clippy::too_many_arguments)]
+    fn source_lock(
+        &self,
+        id: u64,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        cmd: i32,
+    ) -> io::Result<libc::flock> {
+        let f = self
+            .lock_file(id, owner, fh)
+            .map_err(|e| io::Error::from_raw_os_error(e.code()))?;
+        let mut fl = Self::flock_struct(start, end, typ);
+        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), cmd, &mut fl) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fl)
+    }
+
+    /// The first lock conflicting with the given one: (start, end, type).
     pub fn getlk(
         &self,
         id: u64,
@@ -1588,26 +1612,17 @@ impl CachingFs {
         start: u64,
         end: u64,
         typ: i32,
-    ) -> Result<(u64, u64, i32, u32)> {
-        let f = self.lock_file(id, owner, fh)?;
-        let mut fl = Self::flock_struct(start, end, typ);
-        let r = unsafe {
-            libc::fcntl(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                libc::F_OFD_GETLK,
-                &mut fl,
-            )
-        };
-        if r < 0 {
-            return Err(errno(io::Error::last_os_error()));
-        }
+    ) -> Result<(u64, u64, i32)> {
+        let fl = self
+            .source_lock(id, fh, owner, start, end, typ, libc::F_OFD_GETLK)
+            .map_err(errno)?;
         let s = fl.l_start as u64;
         let e = if fl.l_len == 0 {
             u64::MAX
         } else {
             s + fl.l_len as u64 - 1
         };
-        Ok((s, e, fl.l_type as i32, 0))
+        Ok((s, e, fl.l_type as i32))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1621,24 +1636,17 @@ impl CachingFs {
         typ: i32,
         sleep: bool,
     ) -> Result<()> {
-        let f = self.lock_file(id, owner, fh)?;
-        let fl = Self::flock_struct(start, end, typ);
         let cmd = if sleep {
             libc::F_OFD_SETLKW
         } else {
             libc::F_OFD_SETLK
         };
-        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), cmd, &fl) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
+        match self.source_lock(id, fh, owner, start, end, typ, cmd) {
+            Ok(_) => Ok(()),
             // POSIX says EAGAIN or EACCES; the kernel's FUSE code expects EAGAIN.
-            return Err(if e.raw_os_error() == Some(libc::EACCES) {
-                Errno::EAGAIN
-            } else {
-                errno(e)
-            });
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => Err(Errno::EAGAIN),
+            Err(e) => Err(errno(e)),
         }
-        Ok(())
     }
 }
 

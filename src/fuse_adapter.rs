@@ -536,7 +536,7 @@ impl Filesystem for FuseAdapter {
     ) {
         self.fs.stats.count(Op::Getlk);
         match self.fs.getlk(ino.0, fh.0, lock_owner.0, start, end, typ) {
-            Ok((s, e, t, _)) => reply.locked(s, e, t, if t == libc::F_UNLCK { 0 } else { pid }),
+            Ok((s, e, t)) => reply.locked(s, e, t, if t == libc::F_UNLCK { 0 } else { pid }),
             Err(e) => reply.error(e),
         }
     }
