@@ -850,7 +850,14 @@ fn a_source_that_renumbers_inodes_keeps_its_cache() {
     struct Unmount<'a>(&'a Path);
     impl Drop for Unmount<'_> {
         fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
+            // The daemon above may still be closing its source descriptors: then detach.
+            let ok = Command::new("umount")
+                .arg(self.0)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(self.0).status();
+            }
         }
     }
     let _bindfs = Unmount(&src);
