@@ -862,14 +862,18 @@ fn a_source_that_renumbers_inodes_keeps_its_cache() {
     }
     let _bindfs = Unmount(&src);
     let mount = || {
-        let st = Command::new(BIN)
+        let out = Command::new(BIN)
             .arg(&src)
             .arg(&mnt)
             .arg("--cache-dir")
             .arg(&cache)
-            .status()
+            .output()
             .unwrap();
-        assert!(st.success());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     mount();
     assert_eq!(fs::read(mnt.join("f")).unwrap(), b"remote bytes");

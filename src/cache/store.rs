@@ -16,6 +16,9 @@ use crate::source::{BeneathRoot, cvt};
 const FORMAT_LINE: &str = "hoardfs cache 1\n";
 
 /// The cache directory of one mount.
+/// How long opening waits for another daemon to release the cache directory.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug)]
 pub struct CacheStore {
     data: BeneathRoot,
@@ -63,7 +66,14 @@ impl CacheStore {
             .truncate(false)
             .write(true)
             .open(root.join("lock"))?;
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        // A daemon whose mount was just unmounted lets go as it exits: give it a moment,
+        // so that `umount M && hoardfs S M` works.
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
             anyhow::bail!(
                 "cache directory {} is in use by another hoardfs mount",
                 root.display()
