@@ -108,15 +108,21 @@ pub struct MountArgs {
     #[arg(long, help_heading = CACHING)]
     pub no_stale_check: bool,
 
-    /// Seconds the kernel may keep a name lookup [default: 1].
+    /// Seconds the kernel may keep a name lookup [default: 60 in watched directories,
+    /// 1 elsewhere].
     #[arg(long, value_parser = parse_secs, help_heading = KERNEL)]
     pub entry_ttl: Option<Duration>,
-    /// Seconds the kernel may keep attributes [default: 1].
+    /// Seconds the kernel may keep attributes [default: 60 where watched, 1 elsewhere].
     #[arg(long, value_parser = parse_secs, help_heading = KERNEL)]
     pub attr_ttl: Option<Duration>,
-    /// Seconds the kernel may remember that a name does not exist [default: 1].
+    /// Seconds the kernel may remember that a name does not exist [default: 60 where
+    /// watched, 1 elsewhere].
     #[arg(long, value_parser = parse_secs, help_heading = KERNEL)]
     pub negative_ttl: Option<Duration>,
+    /// Watch the source for changes made behind the mount (inotify) and invalidate the
+    /// kernel's and the cache's copies; `auto` watches local file systems only.
+    #[arg(long, value_enum, help_heading = KERNEL)]
+    pub watch: Option<config::WatchMode>,
     /// Serve reads of fully cached files through the daemon instead of FUSE passthrough.
     #[arg(long, help_heading = KERNEL)]
     pub no_passthrough: bool,
@@ -140,7 +146,8 @@ pub struct MountArgs {
     #[arg(long, help_heading = PROCESS)]
     pub threads: Option<usize>,
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
-    /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, no_stale_check,
+    /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, watch=auto|on|off,
+    /// no_stale_check,
     /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
     /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE; the generic mount(8) options
     /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
@@ -187,9 +194,10 @@ impl MountArgs {
             mountpoint,
             whole_file_threshold: config::DEFAULT_WHOLE_FILE_THRESHOLD,
             chunk_size: config::DEFAULT_CHUNK_SIZE,
-            entry_ttl: config::DEFAULT_TTL,
-            attr_ttl: config::DEFAULT_TTL,
-            negative_ttl: config::DEFAULT_TTL,
+            entry_ttl: None,
+            attr_ttl: None,
+            negative_ttl: None,
+            watch: config::WatchMode::Auto,
             stale_check: true,
             passthrough: true,
             allow_other: false,
@@ -224,9 +232,10 @@ impl MountArgs {
                 "cache_dir" => cache_dir = Some(PathBuf::from(need(value)?)),
                 "whole_file_threshold" => c.whole_file_threshold = parse_size(&need(value)?)?,
                 "chunk_size" => c.chunk_size = parse_size(&need(value)?)?,
-                "entry_ttl" => c.entry_ttl = parse_secs(&need(value)?)?,
-                "attr_ttl" => c.attr_ttl = parse_secs(&need(value)?)?,
-                "negative_ttl" => c.negative_ttl = parse_secs(&need(value)?)?,
+                "entry_ttl" => c.entry_ttl = Some(parse_secs(&need(value)?)?),
+                "attr_ttl" => c.attr_ttl = Some(parse_secs(&need(value)?)?),
+                "negative_ttl" => c.negative_ttl = Some(parse_secs(&need(value)?)?),
+                "watch" => c.watch = need(value)?.parse()?,
                 "threads" => {
                     c.threads = need(value)?
                         .parse()
@@ -275,13 +284,16 @@ impl MountArgs {
             c.chunk_size = v;
         }
         if let Some(v) = self.entry_ttl {
-            c.entry_ttl = v;
+            c.entry_ttl = Some(v);
         }
         if let Some(v) = self.attr_ttl {
-            c.attr_ttl = v;
+            c.attr_ttl = Some(v);
         }
         if let Some(v) = self.negative_ttl {
-            c.negative_ttl = v;
+            c.negative_ttl = Some(v);
+        }
+        if let Some(v) = self.watch {
+            c.watch = v;
         }
         if let Some(v) = self.threads {
             c.threads = v;

@@ -10,9 +10,14 @@ pub const DEFAULT_WHOLE_FILE_THRESHOLD: u64 = 8 << 20;
 /// Unit of caching for large files. 1 MiB keeps the presence bitmap tiny (128 bytes per
 /// GiB) and a random 4 KiB read over a slow link fetches at most 1 MiB extra.
 pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
-/// Kernel entry and attribute TTL. Opens always revalidate against the source
-/// (close-to-open), so this only bounds how long a `stat` may show old attributes.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+/// Kernel entry and attribute TTL where nothing reports changes to the source. Opens
+/// always revalidate against the source (close-to-open), so this only bounds how long a
+/// `stat` may show old attributes.
+pub const UNWATCHED_TTL: Duration = Duration::from_secs(1);
+/// Kernel TTLs in directories the watcher covers: it invalidates what changes, so the TTL
+/// only bounds how long a lost event could go unnoticed (the Coda MiniCache's long-lived
+/// name and attribute caches).
+pub const WATCHED_TTL: Duration = Duration::from_secs(60);
 /// Chunks fetched since the last checkpoint before the bitmap is made durable.
 pub const DEFAULT_CHECKPOINT_CHUNKS: u32 = 64;
 
@@ -41,9 +46,13 @@ pub struct Config {
     pub cache_dir: PathBuf,
     pub whole_file_threshold: u64,
     pub chunk_size: u64,
-    pub entry_ttl: Duration,
-    pub attr_ttl: Duration,
-    pub negative_ttl: Duration,
+    /// Kernel TTLs; `None`: chosen per directory by `coherence.rs` (long where a watcher
+    /// reports changes, short where nothing does).
+    pub entry_ttl: Option<Duration>,
+    pub attr_ttl: Option<Duration>,
+    pub negative_ttl: Option<Duration>,
+    /// Whether to watch a local source for changes made behind the mount.
+    pub watch: WatchMode,
     pub stale_check: bool,
     pub passthrough: bool,
     pub allow_other: bool,
@@ -61,6 +70,24 @@ pub struct Config {
     pub low_watermark: u8,
     /// Free space kept on the cache's file system; `None`: 5 % of it.
     pub min_free: Option<u64>,
+}
+
+/// Whether hoardfs watches the source (inotify) for changes made behind the mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WatchMode {
+    /// Watch sources on local file systems; not network or FUSE ones, whose remote
+    /// changes raise no events here.
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for WatchMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <WatchMode as clap::ValueEnum>::from_str(s, true)
+            .map_err(|_| format!("watch must be auto, on or off, not {s:?}"))
+    }
 }
 
 /// Default share of the cache's file system that the cache may use.

@@ -22,10 +22,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
+mod changes;
+pub use changes::spawn_coherence_threads;
+
 use crate::cache::record::chunk_count;
 use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
+use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
 use crate::inode::{Inode, InodeLimits, InodeTable};
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
@@ -123,8 +127,8 @@ pub struct CachingFs {
     next_fh: AtomicU64,
     passthrough_ok: AtomicBool,
     pub stats: Stats,
-    /// Called with a node id whose kernel-cached data and attributes must be dropped.
-    invalidate: Box<dyn Fn(u64) + Send + Sync>,
+    /// TTLs, the source watcher, leases, and the channel to the kernel's caches.
+    pub coherence: Coherence,
     /// The cache's size estimate, limits and cleaner counters (`cleaner.rs`).
     pub usage: Arc<Usage>,
     pub pins: Arc<Pins>,
@@ -234,6 +238,7 @@ impl CachingFs {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
         let root = source.stat(Path::new(""))?;
+        let coherence = Coherence::new(&cfg, source.root_fd());
         Ok(CachingFs {
             source,
             cache,
@@ -244,7 +249,7 @@ impl CachingFs {
             next_fh: AtomicU64::new(1),
             passthrough_ok: AtomicBool::new(cfg.passthrough),
             stats: Stats::default(),
-            invalidate: Box::new(|_| {}),
+            coherence,
             usage: Arc::new(Usage::default()),
             pins: Arc::new(Pins::load(&cfg.cache_dir)?),
             stable_ino,
@@ -270,6 +275,9 @@ impl CachingFs {
 
     /// Changes a tunable of the running mount (`hoardfs set`).
     pub fn set(&self, key: &str, value: &str) -> std::result::Result<(), String> {
+        if self.coherence.tunables.set(key, value)? {
+            return Ok(());
+        }
         let Some(mut l) = self.usage.limits() else {
             return self.inodes.set(key, value);
         };
@@ -322,9 +330,53 @@ impl CachingFs {
         id
     }
 
-    /// Installs the hook that drops the kernel's cached copy of a node (FUSE notify).
-    pub fn set_invalidator(&mut self, f: impl Fn(u64) + Send + Sync + 'static) {
-        self.invalidate = Box::new(f);
+    /// Installs the hook that passes notices to the kernel (FUSE notify).
+    pub fn set_notifier(&mut self, f: impl Fn(Notice) + Send + Sync + 'static) {
+        self.coherence.set_notifier(f);
+    }
+
+    /// Watches the root directory, whose entries the kernel learns first.
+    pub fn watch_root(&self) {
+        self.coherence.watch_dir(crate::inode::ROOT_ID, || {
+            self.source.dir(Path::new("")).ok()
+        });
+    }
+
+    /// Entry and attribute TTLs for an entry in directory `parent`.
+    pub fn entry_ttls(&self, parent: u64) -> (Duration, Duration) {
+        let w = self.coherence.watched(parent);
+        let t = &self.coherence.tunables;
+        (t.entry(w), t.attr(w))
+    }
+
+    /// How long the kernel may remember that a name in `parent` does not exist.
+    pub fn negative_ttl(&self, parent: u64) -> Duration {
+        self.coherence
+            .tunables
+            .negative(self.coherence.watched(parent))
+    }
+
+    /// Attribute TTL for node `id`: long if changes to it are reported.
+    pub fn attr_ttl(&self, id: u64) -> Duration {
+        let watched = self.inodes.get(id).is_some_and(|i| {
+            self.coherence.watched(i.parent())
+                || (i.file_type == libc::S_IFDIR && self.coherence.watched(id))
+        });
+        self.coherence.tunables.attr(watched)
+    }
+
+    /// Open flags for directory `id`: the kernel keeps its listing across opens while a
+    /// watch reports changes to it (and drops it on our notice).
+    pub fn dir_open_flags(&self, id: u64) -> FopenFlags {
+        if self.coherence.watched(id) {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
+    fn stale_check(&self) -> bool {
+        self.coherence.tunables.stale_check.load(Ordering::Relaxed)
     }
 
     /// Called when the kernel turns out not to support passthrough.
@@ -375,6 +427,7 @@ impl CachingFs {
             cache_bytes,
             cache_files,
             cleaner: self.usage.snapshot(),
+            coherence: self.coherence.snapshot(),
         }
     }
 
@@ -427,7 +480,11 @@ impl CachingFs {
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
         let dir = self.inode(parent)?;
-        let path = child(&dir.path().ok_or(Errno::ENOENT)?, name)?;
+        let dir_path = dir.path().ok_or(Errno::ENOENT)?;
+        // Watch first: a change between our stat and the watch would go unseen.
+        self.coherence
+            .watch_dir(parent, || self.source.dir(&dir_path).ok());
+        let path = child(&dir_path, name)?;
         let st = self.source.stat(&path).map_err(errno)?;
         let inode = self.inodes.lookup(parent, &path, &st);
         Ok(attr_of(inode.id, &st))
@@ -777,6 +834,9 @@ impl CachingFs {
                 0,
             )
             .map_err(errno)?;
+        self.coherence.watch_dir(id, || {
+            crate::source::dup_file(fd.as_fd()).ok().map(OwnedFd::from)
+        });
         let entries = self.source.read_dir(&path).map_err(errno)?;
         let mut list = Vec::with_capacity(entries.len() + 2);
         list.push(ListEntry {
@@ -958,7 +1018,7 @@ impl CachingFs {
                 *guard = Some(state);
             }
             Some(state) => {
-                if self.cfg.stale_check
+                if self.stale_check()
                     && !state.written
                     && state.record.identity != self.identity(&st)
                 {
@@ -968,7 +1028,7 @@ impl CachingFs {
             }
         }
         if !keep_cache && !fresh {
-            (self.invalidate)(id);
+            self.coherence.notify(Notice::Inode(id));
         }
         let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
 
@@ -1067,6 +1127,7 @@ impl CachingFs {
                 passthrough: backing.clone(),
             }),
         );
+        self.grant_lease(id);
         Ok(Opened {
             fh,
             flags: fopen,
@@ -1127,7 +1188,7 @@ impl CachingFs {
         match read_record(&files.meta) {
             Ok(Some(Ok(rec))) if !new_file => {
                 let matches = !rec.dirty
-                    && (rec.identity == identity || !self.cfg.stale_check)
+                    && (rec.identity == identity || !self.stale_check())
                     && data_len == Some(rec.identity.size);
                 if matches {
                     state.record = rec;

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::CachingFs;
@@ -42,10 +42,13 @@ fn time_spec(t: TimeOrNow) -> TimeSpec {
 }
 
 impl FuseAdapter {
-    fn entry(&self, reply: ReplyEntry, r: crate::fs::Result<fuser::FileAttr>) {
-        let c = &self.fs.cfg;
+    /// Replies with a new entry in directory `parent`, with that directory's TTLs.
+    fn entry(&self, reply: ReplyEntry, parent: INodeNo, r: crate::fs::Result<fuser::FileAttr>) {
         match r {
-            Ok(attr) => reply.entry_with_ttls(&c.attr_ttl, &c.entry_ttl, &attr, GEN),
+            Ok(attr) => {
+                let (entry_ttl, attr_ttl) = self.fs.entry_ttls(parent.0);
+                reply.entry_with_ttls(&attr_ttl, &entry_ttl, &attr, GEN)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -53,15 +56,20 @@ impl FuseAdapter {
     /// Like `entry`, but a missing name becomes a negative entry (node id 0) that the
     /// kernel remembers for the negative TTL. Only for lookup: the kernel answers EIO to a
     /// node id 0 from mkdir, mknod, symlink or link.
-    fn lookup_entry(&self, reply: ReplyEntry, r: crate::fs::Result<fuser::FileAttr>) {
-        let c = &self.fs.cfg;
+    fn lookup_entry(
+        &self,
+        reply: ReplyEntry,
+        parent: INodeNo,
+        r: crate::fs::Result<fuser::FileAttr>,
+    ) {
+        let negative_ttl = self.fs.negative_ttl(parent.0);
         match r {
-            Err(e) if e == Errno::ENOENT && !c.negative_ttl.is_zero() => {
+            Err(e) if e == Errno::ENOENT && !negative_ttl.is_zero() => {
                 let zero = crate::source::Stat::from_libc(&unsafe { std::mem::zeroed() });
                 let attr = crate::fs::attr_of(0, &zero);
-                reply.entry_with_ttls(&Duration::ZERO, &c.negative_ttl, &attr, GEN)
+                reply.entry_with_ttls(&Duration::ZERO, &negative_ttl, &attr, GEN)
             }
-            r => self.entry(reply, r),
+            r => self.entry(reply, parent, r),
         }
     }
 
@@ -89,6 +97,9 @@ impl Filesystem for FuseAdapter {
         // answers `ls -l` without one lookup per name.
         let mut want = InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_POSIX_LOCKS
+            // flock(2) arrives as a whole-file lock owned by the open file; it is taken on
+            // the source like POSIX locks, so it excludes across mounts.
+            | InitFlags::FUSE_FLOCK_LOCKS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO;
         if self.fs.passthrough_enabled() {
@@ -113,7 +124,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.fs.stats.count(Op::Lookup);
-        self.lookup_entry(reply, self.fs.lookup(parent.0, name));
+        self.lookup_entry(reply, parent, self.fs.lookup(parent.0, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -124,7 +135,7 @@ impl Filesystem for FuseAdapter {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         self.fs.stats.count(Op::Getattr);
         match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
-            Ok(attr) => reply.attr(&self.fs.cfg.attr_ttl, &attr),
+            Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -157,7 +168,7 @@ impl Filesystem for FuseAdapter {
             mtime: mtime.map(time_spec),
         };
         match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
-            Ok(attr) => reply.attr(&self.fs.cfg.attr_ttl, &attr),
+            Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -183,6 +194,7 @@ impl Filesystem for FuseAdapter {
         self.fs.stats.count(Op::Mknod);
         self.entry(
             reply,
+            parent,
             self.fs
                 .mknod(parent.0, name, mode, rdev, req.uid(), req.gid()),
         );
@@ -200,6 +212,7 @@ impl Filesystem for FuseAdapter {
         self.fs.stats.count(Op::Mkdir);
         self.entry(
             reply,
+            parent,
             self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()),
         );
     }
@@ -225,6 +238,7 @@ impl Filesystem for FuseAdapter {
         self.fs.stats.count(Op::Symlink);
         self.entry(
             reply,
+            parent,
             self.fs
                 .symlink(parent.0, link_name, target, req.uid(), req.gid()),
         );
@@ -257,7 +271,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         self.fs.stats.count(Op::Link);
-        self.entry(reply, self.fs.link(ino.0, newparent.0, newname));
+        self.entry(reply, newparent, self.fs.link(ino.0, newparent.0, newname));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -353,7 +367,7 @@ impl Filesystem for FuseAdapter {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.fs.stats.count(Op::Opendir);
         match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => reply.opened(FileHandle(fh), self.fs.dir_open_flags(ino.0)),
             Err(e) => reply.error(e),
         }
     }
@@ -393,7 +407,7 @@ impl Filesystem for FuseAdapter {
             Ok(list) => list,
             Err(e) => return reply.error(e),
         };
-        let ttl = self.fs.cfg.entry_ttl;
+        let (ttl, _) = self.fs.entry_ttls(list.dir_id);
         let mut i = offset as usize;
         'fill: while i < list.entries.len() {
             // Stat in batches: a reply buffer holds a few dozen entries.
@@ -512,7 +526,7 @@ impl Filesystem for FuseAdapter {
             .create(parent.0, name, mode, flags, req.uid(), req.gid())
         {
             Ok((attr, o)) => reply.created(
-                &self.fs.cfg.entry_ttl,
+                &self.fs.entry_ttls(parent.0).0,
                 &attr,
                 GEN,
                 FileHandle(o.fh),

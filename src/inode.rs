@@ -36,7 +36,7 @@
 //!
 //! Lock order: `InodeTable::inner` before `Inode::names` before `Inode::file`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -623,6 +623,35 @@ impl InodeTable {
         }
         inner.n.invalidations += out.len() as u64;
         out
+    }
+
+    /// Entries known by any of `paths`, each with that name: one pass over the table for
+    /// a whole batch of watcher events.
+    pub fn holders_of(&self, paths: &HashSet<PathBuf>) -> Vec<(PathBuf, Arc<Inode>)> {
+        if paths.is_empty() {
+            return Vec::new();
+        }
+        let inner = self.inner.lock().unwrap();
+        let mut out = Vec::new();
+        for e in inner.by_id.values() {
+            for n in e.inode.names.lock().unwrap().iter() {
+                if paths.contains(n) {
+                    out.push((n.clone(), e.inode.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every entry the kernel references.
+    pub fn referenced(&self) -> Vec<Arc<Inode>> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .by_id
+            .values()
+            .filter(|e| e.count > 0)
+            .map(|e| e.inode.clone())
+            .collect()
     }
 
     pub fn snapshot(&self) -> InodeSnapshot {

@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod cleaner;
 pub mod cli;
+pub mod coherence;
 pub mod config;
 pub mod control;
 pub mod fs;

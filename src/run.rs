@@ -9,6 +9,7 @@ use anyhow::Context;
 use fuser::{INodeNo, MountOption, Session, SessionACL};
 
 use crate::cache::CacheStore;
+use crate::coherence::Notice;
 use crate::config::Config;
 use crate::fs::CachingFs;
 use crate::fuse_adapter::FuseAdapter;
@@ -65,11 +66,11 @@ fn daemonize() -> anyhow::Result<OwnedFd> {
 
 /// `ready` is taken (written and closed) once the mount answers; the parent waits for EOF.
 fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow::Result<()> {
-    let (inval_tx, inval_rx) = mpsc::channel::<u64>();
+    let (inval_tx, inval_rx) = mpsc::channel::<Notice>();
     let inval_tx = Mutex::new(inval_tx);
     let mut fs = CachingFs::new(cfg.clone(), store)?;
-    fs.set_invalidator(move |id| {
-        let _ = inval_tx.lock().unwrap().send(id);
+    fs.set_notifier(move |n| {
+        let _ = inval_tx.lock().unwrap().send(n);
     });
     let fs = Arc::new(fs);
 
@@ -131,9 +132,15 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             let mut next_tick = Instant::now();
             loop {
                 match inval_rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
-                    Ok(id) => {
+                    Ok(Notice::Inode(id)) => {
                         if let Err(e) = notifier.inval_inode(INodeNo(id), 0, 0) {
                             tracing::debug!("inval_inode({id}): {e}");
+                        }
+                    }
+                    Ok(Notice::Entry(parent, name)) => {
+                        tracing::trace!("inval_entry({parent}, {name:?})");
+                        if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
+                            tracing::debug!("inval_entry({parent}, {name:?}): {e}");
                         }
                     }
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -144,6 +151,9 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
                 }
                 next_tick = Instant::now() + TABLE_TICK;
                 let Some(fs) = table_fs.upgrade() else { return };
+                if let Some(w) = &fs.coherence.watcher {
+                    w.prune(|id| fs.inodes.get(id).is_some());
+                }
                 for (parent, name) in fs.inodes.maintain() {
                     if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
                         tracing::debug!("inval_entry({parent}, {name:?}): {e}");
@@ -175,6 +185,8 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         fs.clone(),
         std::time::Duration::from_secs(300),
     )?;
+    fs.watch_root();
+    crate::fs::spawn_coherence_threads(&fs)?;
     let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
 
     if let Some(ready) = ready.take() {

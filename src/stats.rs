@@ -102,6 +102,8 @@ pub struct Snapshot {
     pub inode_table: InodeSnapshot,
     #[serde(default)]
     pub cleaner: crate::cleaner::CleanerSnapshot,
+    #[serde(default)]
+    pub coherence: crate::coherence::CoherenceSnapshot,
 }
 
 /// The inode table's size, counters and limits (`inode.rs`; the dynamic-vnodes paper's
@@ -199,6 +201,34 @@ impl Snapshot {
         }
         let _ = writeln!(s, "\ncache:");
         for (name, n) in self.cache.rows() {
+            let _ = writeln!(s, "  {name:<20} {n:>12}");
+        }
+        let h = &self.coherence;
+        let ttl = |v: Option<u64>| match v {
+            Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
+            None => "auto".into(),
+        };
+        let _ = writeln!(
+            s,
+            "\ncoherence: watcher {} ({} dirs), stale check {}, TTLs entry {} attr {} negative {}",
+            if h.watching { "on" } else { "off" },
+            h.watched_dirs,
+            if h.stale_check { "on" } else { "off" },
+            ttl(h.entry_ttl_ms),
+            ttl(h.attr_ttl_ms),
+            ttl(h.negative_ttl_ms)
+        );
+        for (name, n) in [
+            ("watcher_events", h.watcher_events),
+            ("watcher_overflows", h.watcher_overflows),
+            ("watch_failures", h.watch_failures),
+            ("changes_detected", h.changes_detected),
+            ("inval_inode", h.inval_inode),
+            ("inval_entry", h.inval_entry),
+            ("leases_active", h.leases_active),
+            ("leases_granted", h.leases_granted),
+            ("leases_expired", h.leases_expired),
+        ] {
             let _ = writeln!(s, "  {name:<20} {n:>12}");
         }
         let c = &self.cleaner;

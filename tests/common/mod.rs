@@ -52,6 +52,28 @@ impl TestMount {
         m
     }
 
+    /// Another mount of this mount's source with its own cache and mount point, as a
+    /// second machine sharing the source would have.
+    pub fn another(&self, args: &[&str]) -> TestMount {
+        let dirs = tempfile::Builder::new()
+            .prefix("hoardfs-test")
+            .tempdir()
+            .unwrap();
+        let base = std::fs::canonicalize(dirs.path()).unwrap();
+        let (cache, mnt) = (base.join("cache"), base.join("mnt"));
+        std::fs::create_dir(&mnt).unwrap();
+        let mut m = TestMount {
+            dirs,
+            src: self.src.clone(),
+            cache,
+            mnt,
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        m.mount();
+        m
+    }
+
     pub fn mount(&mut self) {
         assert!(self.child.is_none(), "already mounted");
         let child = Command::new(BIN)

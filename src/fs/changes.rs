@@ -1,0 +1,266 @@
+//! Acting on changes made to the source behind the mount (`coherence.rs` finds them).
+//!
+//! Every handler reconciles with the source *as it is now* rather than replaying the event:
+//! the mount's own operations raise the same events, often after it has moved on, and an
+//! event may describe a state that no longer exists. Re-reading the source makes handling
+//! idempotent and keeps it safe to act on our own changes.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{CachingFs, FileState, child, fstat};
+use crate::cache::CacheRecord;
+use crate::cache::store::write_record;
+use crate::coherence::{Batch, Notice};
+use crate::inode::Inode;
+use crate::source::Stat;
+
+impl CachingFs {
+    /// Handles one batch of watcher events.
+    pub fn source_changed(&self, batch: Batch) {
+        tracing::trace!(
+            names = batch.names.len(),
+            dirs = batch.dirs.len(),
+            "watcher batch"
+        );
+        if batch.overflow {
+            self.invalidate_everything();
+        }
+        for dir in &batch.dirs {
+            self.coherence.notify(Notice::Inode(*dir));
+        }
+        let path_of_dir = |id: u64| self.inodes.get(id).and_then(|d| d.path());
+        let mut paths: HashMap<PathBuf, usize> = HashMap::new();
+        let mut to_paths: HashMap<usize, PathBuf> = HashMap::new();
+        for (i, nc) in batch.names.iter().enumerate() {
+            if let Some(p) = path_of_dir(nc.dir).and_then(|d| child(&d, &nc.name).ok()) {
+                paths.insert(p, i);
+            }
+            if let Some((dir, name)) = &nc.moved_to
+                && let Some(p) = path_of_dir(*dir).and_then(|d| child(&d, name).ok())
+            {
+                to_paths.insert(i, p);
+            }
+        }
+        let wanted: HashSet<PathBuf> = paths.keys().cloned().collect();
+        let mut holders: HashMap<PathBuf, Vec<Arc<Inode>>> = HashMap::new();
+        for (p, inode) in self.inodes.holders_of(&wanted) {
+            holders.entry(p).or_default().push(inode);
+        }
+        let mut dirs_changed = HashSet::new();
+        for (path, i) in &paths {
+            let nc = &batch.names[*i];
+            let now = self.source.stat(path);
+            tracing::trace!(?path, change = ?nc.change, exists = now.is_ok(), "source changed");
+            let held = holders.get(path).map(Vec::as_slice).unwrap_or(&[]);
+            // A rename behind the mount: the object's names (and, for a directory, those of
+            // everything below it) and its cached data follow it. Our own renames have
+            // already moved the names, so nothing holds the old one any more.
+            if let (Some(to), Err(_)) = (to_paths.get(i), &now)
+                && let Some(moved) = held.first()
+                && let Ok(st_to) = self.source.stat(to)
+                && (st_to.dev, st_to.ino) == moved.key
+            {
+                let to_dir = batch.names[*i].moved_to.as_ref().map_or(0, |m| m.0);
+                self.inodes.renamed(path, to, false, nc.dir, to_dir);
+                self.cache.rename(path, to, 0);
+            }
+            for inode in held {
+                let same = now.as_ref().is_ok_and(|st| {
+                    (st.dev, st.ino) == inode.key && st.file_type() == inode.file_type
+                });
+                if !same {
+                    inode.remove_name(path);
+                }
+            }
+            if nc.change.namespace {
+                self.coherence
+                    .notify(Notice::Entry(nc.dir, nc.name.clone()));
+                dirs_changed.insert(nc.dir);
+            }
+            match now {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    // Gone from the source: so is its cached copy (an open file keeps its
+                    // cache files through its descriptors).
+                    if let Err(e) = self.cache.remove(path) {
+                        tracing::debug!(?path, "cannot drop cache entry: {e}");
+                    }
+                }
+                Err(_) => {}
+                Ok(st) => {
+                    if let Some(inode) = self.inodes.find(path, &st) {
+                        let changed = self.revalidate_open(&inode, &st, nc.change.data);
+                        // An open file whose cache still matches was changed by us.
+                        let c = nc.change;
+                        if changed != Some(false) && (c.data || c.attrib || c.namespace) {
+                            self.coherence.notify(Notice::Inode(inode.id));
+                        }
+                    }
+                }
+            }
+        }
+        for dir in dirs_changed {
+            self.coherence.notify(Notice::Inode(dir));
+        }
+    }
+
+    /// After lost events: the kernel drops everything it holds, open files revalidate.
+    fn invalidate_everything(&self) {
+        tracing::warn!("source watcher lost events: invalidating everything");
+        for inode in self.inodes.referenced() {
+            self.coherence.notify(Notice::Inode(inode.id));
+            if let Some(name) = inode.path().as_deref().and_then(|p| p.file_name()) {
+                self.coherence
+                    .notify(Notice::Entry(inode.parent(), name.to_os_string()));
+            }
+            if let Some(st) = self.stat_open(&inode) {
+                self.revalidate_open(&inode, &st, true);
+            }
+        }
+    }
+
+    /// `fstat` of the source behind an open file; `None` if it is not open.
+    fn stat_open(&self, inode: &Inode) -> Option<Stat> {
+        let guard = inode.file();
+        let fd = guard.as_ref()?.path_fd.as_ref()?;
+        fstat(fd.as_fd()).ok()
+    }
+
+    /// Compares an open file's cache with the source version `st` and, if the source
+    /// changed behind the mount, drops the cached data. `data_event`: a watcher saw the
+    /// data written; without it, a new ctime with the same size and mtime is a metadata
+    /// change (rename, chmod) and the cached data stays. `None`: the file is not open;
+    /// `Some(changed)` otherwise.
+    fn revalidate_open(&self, inode: &Inode, st: &Stat, data_event: bool) -> Option<bool> {
+        let mut guard = inode.file();
+        let state = guard.as_mut()?;
+        let now = self.identity(st);
+        if state.written
+            || state.record.identity == now
+            || !self.coherence.tunables.stale_check.load(Relaxed)
+            || (st.dev, st.ino) != inode.key
+        {
+            return Some(false);
+        }
+        self.coherence
+            .counters
+            .changes_detected
+            .fetch_add(1, Relaxed);
+        let old = state.record.identity;
+        if !data_event && old.size == now.size && old.mtime == now.mtime {
+            state.record.identity = now;
+            self.persist_record(state, false);
+            return Some(true);
+        }
+        if state.passthrough_opens > 0 {
+            self.refresh_in_place(inode, state, st);
+        } else {
+            self.stale(state, st);
+        }
+        Some(true)
+    }
+
+    /// The source changed under a file that passthrough readers have open: their reads go
+    /// straight to the cache file, which cannot be swapped under them, so the new version
+    /// is fetched into it in place (they see the change as readers of a local file see a
+    /// writer's). The record says "nothing present" until the fetch is done, so no new open
+    /// trusts the file midway.
+    fn refresh_in_place(&self, inode: &Inode, state: &mut FileState, st: &Stat) {
+        state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
+        state.unsynced = 0;
+        let Some(files) = &state.files else { return };
+        let r = write_record(&files.meta, &state.record, true)
+            .and_then(|_| files.data.set_len(st.size));
+        if let Err(e) = r {
+            tracing::warn!("cannot refresh cache file: {e}");
+            state.files = None;
+            return;
+        }
+        if state.fetch_src.is_none() {
+            state.fetch_src = inode
+                .path()
+                .and_then(|p| self.source.open_file(&p, libc::O_RDONLY).ok());
+        }
+        self.fetch_all(state);
+    }
+
+    /// Revalidates open files whose leases expired, and renews the leases of those still
+    /// open.
+    pub fn leases_expired(&self, ids: Vec<u64>) {
+        for id in ids {
+            let Some(inode) = self.inodes.get(id) else {
+                continue;
+            };
+            let Some(st) = self.stat_open(&inode) else {
+                continue; // closed: the lease ends with the last handle
+            };
+            self.coherence.counters.leases_expired.fetch_add(1, Relaxed);
+            if self.revalidate_open(&inode, &st, true) == Some(true) {
+                self.coherence.notify(Notice::Inode(id));
+            }
+            if inode.file().is_some() {
+                self.grant_lease(id);
+            }
+        }
+    }
+
+    /// A validation lease for open file `id` where no watcher reports its changes.
+    pub(super) fn grant_lease(&self, id: u64) {
+        let parent = self.inodes.get(id).map_or(0, |i| i.parent());
+        if self.coherence.watched(parent) {
+            return;
+        }
+        let ttl = self.coherence.tunables.attr(false);
+        self.coherence
+            .leases
+            .grant(id, ttl, &self.coherence.counters);
+    }
+}
+
+/// Starts the threads that feed `source_changed` (watcher) and `leases_expired`.
+pub fn spawn_coherence_threads(fs: &Arc<CachingFs>) -> std::io::Result<()> {
+    if fs.coherence.watcher.is_some() {
+        let weak: Weak<CachingFs> = Arc::downgrade(fs);
+        std::thread::Builder::new()
+            .name("watcher".into())
+            .spawn(move || {
+                loop {
+                    let batch = {
+                        let Some(fs) = weak.upgrade() else { return };
+                        let w = fs.coherence.watcher.as_ref().unwrap();
+                        // Blocks in read(2) while holding a strong reference: fine, the
+                        // process ends with the session.
+                        match w.next_batch(&fs.coherence.counters) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                tracing::error!("source watcher failed: {e}");
+                                fs.coherence.tunables.watch.store(false, Relaxed);
+                                return;
+                            }
+                        }
+                    };
+                    let Some(fs) = weak.upgrade() else { return };
+                    if fs.coherence.tunables.watch.load(Relaxed) {
+                        fs.source_changed(batch);
+                    }
+                }
+            })?;
+    }
+    let weak: Weak<CachingFs> = Arc::downgrade(fs);
+    std::thread::Builder::new()
+        .name("leases".into())
+        .spawn(move || {
+            loop {
+                let Some(fs) = weak.upgrade() else { return };
+                let expired = fs.coherence.leases.wait_expired(Duration::from_secs(1));
+                if !expired.is_empty() {
+                    fs.leases_expired(expired);
+                }
+            }
+        })?;
+    Ok(())
+}

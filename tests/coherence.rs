@@ -1,0 +1,304 @@
+//! Coherence: changes made to the source behind the mount show through the mount even with
+//! long kernel TTLs, warm scans never reach the daemon, and two mounts over one source see
+//! each other's writes and locks.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{BIN, TestMount};
+
+/// Polls `cond` for up to `limit`, returning how long it took to hold.
+fn within(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.elapsed()
+}
+
+const ONE_SECOND: Duration = Duration::from_secs(1);
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+fn delta(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, op: &str) -> u64 {
+    b[op] - a[op]
+}
+
+#[test]
+fn changes_behind_the_mount_show_within_a_second_despite_long_ttls() {
+    let t = TestMount::new(&[]);
+    let s = t.stats().coherence;
+    assert!(s.watching, "a local source is watched by default: {s:?}");
+    assert_eq!(s.attr_ttl_ms, None, "TTLs automatic (long where watched)");
+    fs::create_dir(t.s("d")).unwrap();
+    fs::write(t.s("d/f"), b"version one").unwrap();
+    fs::write(t.s("d/gone"), b"x").unwrap();
+
+    // The kernel learns everything: names, attributes, the listing, the data, and that
+    // "later" does not exist.
+    assert_eq!(names(&t.m("d")), ["f", "gone"]);
+    assert_eq!(fs::read(t.m("d/f")).unwrap(), b"version one");
+    assert_eq!(fs::metadata(t.m("d/gone")).unwrap().len(), 1);
+    assert!(fs::metadata(t.m("d/later")).is_err());
+    let held = fs::File::open(t.m("d/f")).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(held.read_at(&mut buf, 0).unwrap(), 11);
+
+    // In-place rewrite (same inode): stat, a new open, and the handle opened before.
+    {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(t.s("d/f"))
+            .unwrap();
+        f.write_all(b"version two, longer").unwrap();
+    }
+    let took = within(ONE_SECOND, "new size via stat", || {
+        fs::metadata(t.m("d/f")).unwrap().len() == 19
+    });
+    eprintln!("size change seen after {took:?}");
+    assert_eq!(fs::read(t.m("d/f")).unwrap(), b"version two, longer");
+    within(ONE_SECOND, "new data through the old handle", || {
+        let n = held.read_at(&mut buf, 0).unwrap();
+        &buf[..n] == b"version two, longer"
+    });
+
+    // Truncate.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.s("d/f"))
+        .unwrap()
+        .set_len(7)
+        .unwrap();
+    within(ONE_SECOND, "truncation", || {
+        fs::metadata(t.m("d/f")).unwrap().len() == 7
+    });
+    assert_eq!(fs::read(t.m("d/f")).unwrap(), b"version");
+
+    // Rename, delete, create (over a remembered "does not exist").
+    fs::rename(t.s("d/f"), t.s("d/renamed")).unwrap();
+    fs::remove_file(t.s("d/gone")).unwrap();
+    fs::write(t.s("d/later"), b"new").unwrap();
+    within(ONE_SECOND, "listing after rename, delete, create", || {
+        names(&t.m("d")) == ["later", "renamed"]
+    });
+    within(ONE_SECOND, "old names gone", || {
+        fs::metadata(t.m("d/f")).is_err() && fs::metadata(t.m("d/gone")).is_err()
+    });
+    assert_eq!(fs::read(t.m("d/renamed")).unwrap(), b"version");
+    assert_eq!(fs::read(t.m("d/later")).unwrap(), b"new");
+    // The renamed file is still the same one for the handle opened at the start.
+    let n = held.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..n], b"version");
+
+    // A directory renamed behind the mount keeps working under its new name.
+    fs::create_dir(t.s("d/sub")).unwrap();
+    fs::write(t.s("d/sub/x"), b"inside").unwrap();
+    assert_eq!(fs::read(t.m("d/sub/x")).unwrap(), b"inside");
+    fs::rename(t.s("d/sub"), t.s("moved")).unwrap();
+    within(ONE_SECOND, "moved directory", || {
+        fs::read(t.m("moved/x")).is_ok_and(|d| d == b"inside") && !t.m("d/sub").exists()
+    });
+
+    let s = t.stats().coherence;
+    assert!(
+        s.watcher_events > 0 && s.inval_entry > 0 && s.inval_inode > 0,
+        "{s:?}"
+    );
+    assert!(s.changes_detected > 0, "{s:?}");
+}
+
+/// The Coda paper's Table 2: once warm, scanning and reading a tree sends no lookup, no
+/// getattr and no read to the daemon (opens still validate, close-to-open).
+#[test]
+fn warm_scan_and_read_send_no_lookups_getattrs_or_reads() {
+    let t = TestMount::new(&[]);
+    for d in 0..10 {
+        fs::create_dir(t.s(&format!("d{d}"))).unwrap();
+        for f in 0..20 {
+            fs::write(t.s(&format!("d{d}/f{f}")), format!("{d}/{f}").repeat(100)).unwrap();
+        }
+    }
+    let files = |t: &TestMount| -> Vec<std::path::PathBuf> {
+        let mut v = Vec::new();
+        for d in names(&t.mnt) {
+            for f in names(&t.m(&d)) {
+                v.push(t.m(&format!("{d}/{f}")));
+            }
+        }
+        v
+    };
+    let scan = |t: &TestMount| {
+        for p in files(t) {
+            let _ = fs::symlink_metadata(&p).unwrap();
+        }
+    };
+    // Reads without a stat (fs::read would fstat for a size hint).
+    let read_all = |t: &TestMount| {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut total = 0;
+        for p in files(t) {
+            let mut f = fs::File::open(&p).unwrap();
+            loop {
+                let n = f.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                total += n;
+            }
+        }
+        total
+    };
+    // Let the watcher report the tree's creation before the kernel learns it.
+    std::thread::sleep(Duration::from_millis(200));
+    // Cold: everything reaches the daemon once.
+    scan(&t);
+    let total = read_all(&t);
+    let expected: usize = (0..10)
+        .flat_map(|d| (0..20).map(move |f| format!("{d}/{f}").len() * 100))
+        .sum();
+    assert_eq!(total, expected);
+    // The reads went through passthrough, and on this kernel each passthrough read (and
+    // each listing read from the daemon) invalidates the atime (fs/fuse/passthrough.c,
+    // fuse_file_accessed), so the next stat asking for it fetches attributes once:
+    // "getattr only for what changed".
+    let r0 = t.stats().requests;
+    scan(&t);
+    let r1 = t.stats().requests;
+    assert!(delta(&r0, &r1, "getattr") <= 200 + 11, "{r1:?}");
+    assert_eq!(delta(&r0, &r1, "lookup"), 0, "{r1:?}");
+    // Warm ScanDir and ReadAll: nothing but the opens' validation.
+    scan(&t);
+    let r2 = t.stats().requests;
+    assert_eq!(read_all(&t), total);
+    let r3 = t.stats().requests;
+    for op in ["lookup", "getattr", "readdir", "readdirplus"] {
+        assert_eq!(delta(&r1, &r2, op), 0, "warm scan sent {op}: {r2:?}");
+    }
+    for op in ["lookup", "getattr", "read", "readdir", "readdirplus"] {
+        assert_eq!(delta(&r2, &r3, op), 0, "warm read sent {op}: {r3:?}");
+    }
+    assert_eq!(delta(&r2, &r3, "open"), 200, "every open validates");
+}
+
+#[test]
+fn without_a_watcher_leases_revalidate_open_files() {
+    let t = TestMount::new(&["--watch", "off", "--attr-ttl", "0.3"]);
+    assert!(!t.stats().coherence.watching);
+    fs::write(t.s("f"), b"old contents").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"old contents");
+    let mut held = fs::File::open(t.m("f")).unwrap();
+    let mut s = String::new();
+    held.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "old contents");
+    // Same length, same inode: only a revalidation can notice.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.s("f"))
+        .unwrap()
+        .write_all(b"NEW")
+        .unwrap();
+    within(Duration::from_secs(3), "lease expiry revalidates", || {
+        held.seek(SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        held.read_to_string(&mut s).unwrap();
+        s == "NEW contents"
+    });
+    let c = t.stats().coherence;
+    assert!(c.leases_expired > 0 && c.changes_detected > 0, "{c:?}");
+}
+
+#[test]
+fn ttls_and_switches_change_on_a_live_mount() {
+    let t = TestMount::new(&[]);
+    let set = |kv: &str| {
+        let out = Command::new(BIN)
+            .arg("set")
+            .arg(&t.mnt)
+            .arg(kv)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{kv}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    set("attr_ttl=0");
+    set("stale_check=off");
+    set("watch=off");
+    let c = t.stats().coherence;
+    assert_eq!(c.attr_ttl_ms, Some(0));
+    assert!(!c.stale_check && !c.watching, "{c:?}");
+    // With attr_ttl=0 every stat reaches the daemon.
+    fs::write(t.s("f"), b"x").unwrap();
+    let _ = fs::metadata(t.m("f")).unwrap();
+    let a = t.stats().requests;
+    let _ = fs::metadata(t.m("f")).unwrap();
+    let _ = fs::metadata(t.m("f")).unwrap();
+    assert!(delta(&a, &t.stats().requests, "getattr") >= 2);
+    let bad = Command::new(BIN)
+        .arg("set")
+        .arg(&t.mnt)
+        .arg("watch=maybe")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    set("watch=on");
+    set("attr_ttl=auto");
+    assert!(t.stats().coherence.watching);
+}
+
+/// Two mounts over one source, as two machines would have: each sees the other's closed
+/// writes on its next open, and flock and POSIX locks exclude across them.
+#[test]
+fn two_mounts_see_each_others_writes_and_locks() {
+    let a = TestMount::new(&[]);
+    let b = a.another(&[]);
+
+    fs::write(a.m("shared"), b"written by a").unwrap();
+    assert_eq!(fs::read(b.m("shared")).unwrap(), b"written by a");
+    for i in 0..5 {
+        let text = format!("version {i} from b");
+        fs::write(b.m("shared"), &text).unwrap();
+        assert_eq!(fs::read_to_string(a.m("shared")).unwrap(), text);
+        let text = format!("version {i} from a, longer");
+        fs::write(a.m("shared"), &text).unwrap();
+        assert_eq!(fs::read_to_string(b.m("shared")).unwrap(), text);
+    }
+
+    let fa = fs::File::open(a.m("shared")).unwrap();
+    let fb = fs::File::open(b.m("shared")).unwrap();
+    let flock = |f: &fs::File, op: i32| unsafe { libc::flock(f.as_raw_fd(), op) };
+    assert_eq!(flock(&fa, libc::LOCK_EX | libc::LOCK_NB), 0);
+    assert_eq!(
+        flock(&fb, libc::LOCK_EX | libc::LOCK_NB),
+        -1,
+        "flock through the other mount must conflict"
+    );
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EWOULDBLOCK)
+    );
+    drop(fa); // closing releases the flock
+    within(ONE_SECOND, "flock released on close", || {
+        flock(&fb, libc::LOCK_EX | libc::LOCK_NB) == 0
+    });
+    assert_eq!(flock(&fb, libc::LOCK_UN), 0);
+}
