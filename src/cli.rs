@@ -139,10 +139,14 @@ pub struct MountArgs {
     /// Threads serving FUSE requests [default: 4].
     #[arg(long, help_heading = PROCESS)]
     pub threads: Option<usize>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9560) [default: off].
+    #[arg(long, value_name = "ADDR", help_heading = PROCESS)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
     /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, no_stale_check,
     /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
-    /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE; the generic mount(8) options
+    /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE,
+    /// metrics_addr=ADDR; the generic mount(8) options
     /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
     /// are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS", help_heading = PROCESS)]
@@ -203,6 +207,7 @@ impl MountArgs {
             high_watermark: config::DEFAULT_HIGH_WATERMARK,
             low_watermark: config::DEFAULT_LOW_WATERMARK,
             min_free: None,
+            metrics_addr: None,
         };
         let mut max_inodes = None;
         let mut cache_dir = None;
@@ -240,6 +245,13 @@ impl MountArgs {
                     )
                 }
                 "cache_size" => c.cache_size = Some(parse_size(&need(value)?)?),
+                "metrics_addr" => {
+                    c.metrics_addr = Some(
+                        need(value)?
+                            .parse()
+                            .map_err(|_| format!("invalid address in {opt:?} (HOST:PORT)"))?,
+                    )
+                }
                 "min_free" => c.min_free = Some(parse_size(&need(value)?)?),
                 "cache_share" | "high_watermark" | "low_watermark" => {
                     let v: u8 = need(value)?
@@ -286,6 +298,7 @@ impl MountArgs {
         if let Some(v) = self.threads {
             c.threads = v;
         }
+        c.metrics_addr = self.metrics_addr.or(c.metrics_addr);
         c.cache_size = self.cache_size.or(c.cache_size);
         c.min_free = self.min_free.or(c.min_free);
         c.cache_share = self.cache_share.unwrap_or(c.cache_share);

@@ -61,6 +61,8 @@ pub struct Config {
     pub low_watermark: u8,
     /// Free space kept on the cache's file system; `None`: 5 % of it.
     pub min_free: Option<u64>,
+    /// Where to serve Prometheus metrics (`metrics.rs`); `None`: no endpoint.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Default share of the cache's file system that the cache may use.

@@ -8,6 +8,7 @@ pub mod control;
 pub mod fs;
 pub mod fuse_adapter;
 pub mod inode;
+pub mod metrics;
 pub mod run;
 pub mod source;
 pub mod stats;

@@ -176,6 +176,9 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         std::time::Duration::from_secs(300),
     )?;
     let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
+    if let Some(addr) = cfg.metrics_addr {
+        crate::metrics::serve(addr, fs.clone())?;
+    }
 
     if let Some(ready) = ready.take() {
         redirect_stdio(&cfg)?;
