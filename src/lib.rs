@@ -10,5 +10,6 @@ pub mod fuse_adapter;
 pub mod inode;
 pub mod metrics;
 pub mod run;
+pub mod sd_notify;
 pub mod source;
 pub mod stats;

@@ -35,11 +35,14 @@ impl Source for crate::fs::CachingFs {
 const MAX_REQUEST: usize = 8 << 10;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Binds `addr` and serves scrapes on a thread until the process exits; returns the bound
-/// address (port 0 picks a free one).
-pub fn serve(addr: SocketAddr, source: Arc<dyn Source>) -> anyhow::Result<SocketAddr> {
-    let listener =
-        TcpListener::bind(addr).with_context(|| format!("cannot listen for metrics on {addr}"))?;
+/// Binds the endpoint's address: done before mounting, so that a busy port fails the
+/// mount instead of leaving a mount without its endpoint.
+pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).with_context(|| format!("cannot listen for metrics on {addr}"))
+}
+
+/// Serves scrapes on a thread until the process exits; returns the bound address.
+pub fn serve(listener: TcpListener, source: Arc<dyn Source>) -> anyhow::Result<SocketAddr> {
     let bound = listener.local_addr()?;
     std::thread::Builder::new()
         .name("metrics".into())

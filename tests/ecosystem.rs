@@ -1,0 +1,212 @@
+//! How hoardfs fits the system around it: the metrics endpoint of a real mount, systemd's
+//! readiness protocol, mount(8) and fstab, the config file, generated docs.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BIN, TestMount, is_mounted};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scrape(port: u16) -> String {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut s = String::new();
+    c.read_to_string(&mut s).unwrap();
+    assert!(s.starts_with("HTTP/1.1 200 OK\r\n"), "{s}");
+    s.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample whose name and labels are exactly `series`.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {series}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_of_a_real_mount_move_when_files_are_read() {
+    let port = free_port();
+    let mut m = TestMount::new(&["--metrics-addr", &format!("127.0.0.1:{port}")]);
+    for i in 0..5 {
+        std::fs::write(m.s(&format!("f{i}")), common::pattern(100_000, i)).unwrap();
+    }
+    let before = scrape(port);
+    assert_eq!(sample(&before, "hoardfs_bytes_from_source_total"), 0.0);
+
+    for i in 0..5 {
+        let data = std::fs::read(m.m(&format!("f{i}"))).unwrap();
+        assert_eq!(data, common::pattern(100_000, i));
+    }
+    let after = scrape(port);
+    let opens = r#"hoardfs_requests_total{op="open"}"#;
+    assert!(sample(&after, opens) >= sample(&before, opens) + 5.0);
+    assert_eq!(
+        sample(&after, "hoardfs_bytes_from_source_total"),
+        500_000.0,
+        "each file fetched once, whole"
+    );
+    assert_eq!(sample(&after, "hoardfs_open_misses_total"), 5.0);
+    assert!(sample(&after, "hoardfs_cache_bytes") >= 500_000.0);
+    assert!(
+        sample(
+            &after,
+            r#"hoardfs_request_duration_seconds_count{op="open"}"#
+        ) >= 5.0
+    );
+    assert!(sample(&after, "hoardfs_inodes") >= 6.0);
+
+    // Read again: hits now, nothing more from the source.
+    for i in 0..5 {
+        std::fs::read(m.m(&format!("f{i}"))).unwrap();
+    }
+    let again = scrape(port);
+    assert_eq!(sample(&again, "hoardfs_open_hits_total"), 5.0);
+    assert_eq!(sample(&again, "hoardfs_bytes_from_source_total"), 500_000.0);
+    m.unmount();
+    assert!(
+        TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the endpoint goes away with the daemon"
+    );
+}
+
+#[test]
+fn a_busy_metrics_port_fails_the_mount_with_a_message() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dirs = tempfile::tempdir().unwrap();
+    for d in ["src", "mnt"] {
+        std::fs::create_dir(dirs.path().join(d)).unwrap();
+    }
+    let out = Command::new(BIN)
+        .arg(dirs.path().join("src"))
+        .arg(dirs.path().join("mnt"))
+        .arg("--cache-dir")
+        .arg(dirs.path().join("cache"))
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen for metrics"), "{err}");
+    assert!(!is_mounted(&dirs.path().join("mnt")));
+}
+
+/// Receives datagrams until one contains `want`, or fails after `secs`.
+fn recv_until(sock: &UnixDatagram, want: &str, secs: u64) -> String {
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        if let Ok(n) = sock.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if msg.lines().any(|l| l == want) {
+                return msg;
+            }
+        }
+        assert!(Instant::now() < deadline, "no {want} within {secs} s");
+    }
+}
+
+#[test]
+fn readiness_and_stopping_reach_notify_socket() {
+    let dirs = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(dirs.path()).unwrap();
+    let (src, mnt) = (base.join("src"), base.join("mnt"));
+    for d in [&src, &mnt] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::write(src.join("hello"), b"hi").unwrap();
+    let sock_path = base.join("notify");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let mut child = Command::new(BIN)
+        .arg(&src)
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(base.join("cache"))
+        .arg("-f")
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = recv_until(&sock, "READY=1", 20);
+    // Readiness means the mount answers now, without waiting.
+    assert!(is_mounted(&mnt), "READY=1 before the mount exists");
+    assert_eq!(std::fs::read(mnt.join("hello")).unwrap(), b"hi");
+    assert!(
+        ready.contains(&format!("MAINPID={}", child.id())),
+        "{ready}"
+    );
+    assert!(
+        ready.lines().any(|l| l.starts_with("STATUS=cache ")),
+        "{ready}"
+    );
+    assert!(hoardfs::control::request_stats(&mnt).is_ok());
+
+    // SIGTERM, as systemd stops a service.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    recv_until(&sock, "STOPPING=1", 20);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn a_daemonized_mount_notifies_an_abstract_socket_with_its_own_pid() {
+    use std::os::linux::net::SocketAddrExt;
+    let dirs = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(dirs.path()).unwrap();
+    let (src, mnt) = (base.join("src"), base.join("mnt"));
+    for d in [&src, &mnt] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let name = format!("hoardfs-ecosystem-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let sock = UnixDatagram::bind_addr(&addr).unwrap();
+    let status = Command::new(BIN)
+        .arg(&src)
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(base.join("cache"))
+        .env("NOTIFY_SOCKET", format!("@{name}"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let ready = recv_until(&sock, "READY=1", 20);
+    let pid: u32 = ready
+        .lines()
+        .find_map(|l| l.strip_prefix("MAINPID="))
+        .expect("MAINPID")
+        .parse()
+        .unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).exists(), "{ready}");
+    assert!(is_mounted(&mnt));
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    recv_until(&sock, "STOPPING=1", 20);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Orphaned daemons are reaped by whatever PID 1 is here, maybe late: a zombie counts.
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| !r.starts_with(" Z")))
+    };
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "daemon {pid} did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
