@@ -449,11 +449,8 @@ mod tests {
                 &self.0
             }
         }
-        let addr = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::new(Fake(Stats::default())),
-        )
-        .unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = serve(listener, Arc::new(Fake(Stats::default()))).unwrap();
         let get = |req: &str| {
             let mut c = TcpStream::connect(addr).unwrap();
             c.write_all(req.as_bytes()).unwrap();
