@@ -60,7 +60,8 @@ pub enum Command {
     },
     /// Change tunables of a running mount: cache_size=SIZE, high_watermark=PCT,
     /// low_watermark=PCT, min_free=SIZE, max_inodes=N, inode_free_min=N,
-    /// inode_min_age=SECS, inode_max_age=SECS, inode_freeing=on|off.
+    /// inode_min_age=SECS, inode_max_age=SECS, inode_freeing=on|off, log=FILTER (the
+    /// daemon's log level: error, warn, info, debug, trace, or a HOARDFS_LOG spec).
     Set {
         /// The mount point of a running hoardfs.
         mountpoint: PathBuf,

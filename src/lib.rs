@@ -8,6 +8,7 @@ pub mod control;
 pub mod fs;
 pub mod fuse_adapter;
 pub mod inode;
+pub mod logging;
 pub mod metrics;
 pub mod run;
 pub mod sd_notify;

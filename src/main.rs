@@ -6,13 +6,7 @@ use hoardfs::cli::{Cli, Command};
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HOARDFS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    hoardfs::logging::init();
     let result = match cli.command {
         Some(Command::Stats { mountpoint, json }) => hoardfs::control::request_stats(&mountpoint)
             .map(|s| {

@@ -210,3 +210,95 @@ fn a_daemonized_mount_notifies_an_abstract_socket_with_its_own_pid() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Source, cache and mount point for tests that start the daemon themselves.
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    src: std::path::PathBuf,
+    cache: std::path::PathBuf,
+    mnt: std::path::PathBuf,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let tmp = tempfile::Builder::new()
+            .prefix("hoardfs-eco")
+            .tempdir()
+            .unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let d = Dirs {
+            src: base.join("src"),
+            cache: base.join("cache"),
+            mnt: base.join("mnt"),
+            _tmp: tmp,
+        };
+        for p in [&d.src, &d.mnt] {
+            std::fs::create_dir(p).unwrap();
+        }
+        d
+    }
+
+    /// Unmounts and waits for the mount to go (the daemon exits with it).
+    fn unmount(&self) {
+        assert!(
+            Command::new("umount")
+                .arg(&self.mnt)
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(!is_mounted(&self.mnt));
+    }
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+fn hoardfs(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+#[test]
+fn the_log_level_of_a_live_mount_can_be_raised() {
+    let d = Dirs::new();
+    let st = Command::new(BIN)
+        .arg(&d.src)
+        .arg(&d.mnt)
+        .arg("--cache-dir")
+        .arg(&d.cache)
+        .env("HOARDFS_LOG", "warn")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let log = d.cache.join("hoardfs.log");
+    let mnt = d.mnt.to_str().unwrap();
+    let bad = hoardfs(&["set", mnt, "log=debug[["]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("log:"));
+    assert!(
+        !std::fs::read_to_string(&log).unwrap().contains("mounted"),
+        "info lines are filtered at warn"
+    );
+    let ok = hoardfs(&["set", mnt, "log=info"]);
+    assert!(ok.status.success(), "{ok:?}");
+    d.unmount();
+    // The daemon logs "unmounted" as it exits: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("unmounted") {
+            assert!(text.contains(r#"log filter is now "info""#), "{text}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 'unmounted' in the log: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
