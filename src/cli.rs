@@ -58,6 +58,17 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Work with config files.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Write the man pages or a shell's completion script (for packaging).
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: Generate,
+    },
     /// Change tunables of a running mount: cache_size=SIZE, high_watermark=PCT,
     /// low_watermark=PCT, min_free=SIZE, max_inodes=N, inode_free_min=N,
     /// inode_min_age=SECS, inode_max_age=SECS, inode_freeing=on|off, log=FILTER (the
@@ -71,13 +82,30 @@ pub enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Check a config file: every problem is printed as FILE:LINE:COLUMN: message.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Generate {
+    /// Write hoardfs.1 and a page per subcommand (hoardfs-stats.1, ...) into DIR.
+    Man { dir: PathBuf },
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+}
+
 #[derive(Debug, Args)]
 pub struct MountArgs {
     /// The directory to cache (any POSIX file system: NFS, SMB, SSHFS, a slow disk).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "mount_section")]
     pub source: Option<PathBuf>,
     /// Where to present the source's tree.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "mount_section")]
     pub mountpoint: Option<PathBuf>,
 
     /// Where cached data lives [default: $XDG_CACHE_HOME/hoardfs/<source> or
@@ -137,6 +165,13 @@ pub struct MountArgs {
     /// Stay in the foreground (do not daemonize).
     #[arg(short = 'f', long, help_heading = PROCESS)]
     pub foreground: bool,
+    /// Read options from this TOML file (docs/CONFIGURATION.md); the command line wins.
+    #[arg(long, value_name = "FILE", help_heading = PROCESS)]
+    pub config: Option<PathBuf>,
+    /// Mount the [mount.NAME] section of the --config file (NAME may also be its mount
+    /// point); SOURCE and MOUNTPOINT then come from the section unless given.
+    #[arg(long = "mount", value_name = "NAME", requires = "config", help_heading = PROCESS)]
+    pub mount_section: Option<String>,
     /// Threads serving FUSE requests [default: 4].
     #[arg(long, help_heading = PROCESS)]
     pub threads: Option<usize>,
@@ -183,9 +218,18 @@ const IGNORED_MOUNT_OPTIONS: &[&str] = &[
 ];
 
 impl MountArgs {
-    pub fn into_config(self) -> Result<Config, String> {
-        let source = self.source.expect("clap requires SOURCE");
-        let mountpoint = self.mountpoint.expect("clap requires MOUNTPOINT");
+    pub fn into_config(mut self) -> Result<Config, String> {
+        if let Some(path) = self.config.take() {
+            let file = crate::config_file::load(&path)?;
+            let section = self.mount_section.take();
+            file.apply(&mut self, section.as_deref())?;
+        }
+        let source = self
+            .source
+            .ok_or("no SOURCE: give it, or `source` in the config file's [mount.NAME]")?;
+        let mountpoint = self
+            .mountpoint
+            .ok_or("no MOUNTPOINT: give it, or `mountpoint` in the config file's [mount.NAME]")?;
         let mut c = Config {
             cache_dir: PathBuf::new(),
             source,

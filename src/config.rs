@@ -175,6 +175,13 @@ impl Config {
                 "is the source itself".into(),
             ));
         }
+        self.check_values()?;
+        Ok(self)
+    }
+
+    /// The checks of `validate` that do not look at the file system (`hoardfs config
+    /// check` runs them on a file meant for another machine).
+    pub fn check_values(&self) -> Result<(), ConfigError> {
         if !self.chunk_size.is_power_of_two() || self.chunk_size < 4096 {
             return Err(ConfigError::Invalid(format!(
                 "chunk size {} must be a power of two of at least 4 KiB",
@@ -197,7 +204,7 @@ impl Config {
         if self.threads == 0 {
             return Err(ConfigError::Invalid("threads must be at least 1".into()));
         }
-        Ok(self)
+        Ok(())
     }
 }
 
