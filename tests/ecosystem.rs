@@ -302,3 +302,93 @@ fn the_log_level_of_a_live_mount_can_be_raised() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `mount -t fuse.hoardfs` and `mount -a` with an fstab, through mount(8) and fuse3's
+/// mount.fuse3, which runs `hoardfs SOURCE MOUNTPOINT -o OPTIONS` from the PATH that
+/// mount(8) gives helpers (none: /bin/sh's default, which has /usr/local/bin). The test runs
+/// in its own mount namespace with a directory holding `hoardfs` bound over
+/// /usr/local/bin, so it neither installs anything nor depends on an installed hoardfs.
+#[test]
+fn mount_8_and_fstab_mount_through_mount_fuse3() {
+    let d = Dirs::new();
+    std::fs::write(d.src.join("hello"), b"from fstab").unwrap();
+    let base = d.src.parent().unwrap();
+    let bin = base.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(BIN, bin.join("hoardfs")).unwrap();
+    let (auto_mnt, noauto_mnt) = (base.join("auto"), base.join("noauto"));
+    for p in [&auto_mnt, &noauto_mnt] {
+        std::fs::create_dir(p).unwrap();
+    }
+    let fstab = base.join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "# a temporary fstab for mount -T\n\
+             {src} {auto} fuse.hoardfs cache_dir={cache}2,_netdev,nofail,x-systemd.requires=network-online.target,noatime,defaults 0 0\n\
+             {src} {noauto} fuse.hoardfs cache_dir={cache}3,noauto,_netdev 0 0\n",
+            src = d.src.display(),
+            auto = auto_mnt.display(),
+            noauto = noauto_mnt.display(),
+            cache = d.cache.display(),
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        r#"set -eu
+# Copies of other FUSE mounts in this namespace would keep their daemons alive after
+# their tests unmount them: drop the copies first.
+awk '$3 ~ /^fuse/ {{print $2}}' /proc/self/mounts | while read -r m; do umount -l "$m"; done
+mount --bind {bin} /usr/local/bin
+mount -t fuse.hoardfs {src} {mnt} -o cache_dir={cache},_netdev,nofail,x-systemd.automount,user
+grep -q " {mnt} fuse.hoardfs " /proc/self/mounts
+test "$(cat {mnt}/hello)" = "from fstab"
+hoardfs stats {mnt} | grep -q "open_misses *1$"
+umount {mnt}
+mount -T {fstab} -a
+test "$(cat {auto}/hello)" = "from fstab"
+grep " {auto} fuse.hoardfs " /proc/self/mounts
+if mountpoint -q {noauto}; then echo "noauto line was mounted"; exit 1; fi
+umount {auto}
+echo done
+"#,
+        bin = bin.display(),
+        src = d.src.display(),
+        mnt = d.mnt.display(),
+        cache = d.cache.display(),
+        fstab = fstab.display(),
+        auto = auto_mnt.display(),
+        noauto = noauto_mnt.display(),
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    // Each daemon removes its control socket as it exits.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for m in [&d.mnt, &auto_mnt] {
+        while hoardfs::control::socket_path(m).exists() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon of {} did not exit",
+                m.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert!(
+        out.status.success() && stdout.ends_with("done\n"),
+        "{}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("rw,nosuid,nodev"),
+        "mounted with the default safe flags: {stdout}"
+    );
+    // mount.fuse3 hands the options on; the daemon logs what it mounted.
+    assert!(d.cache.join("hoardfs.log").exists());
+}
