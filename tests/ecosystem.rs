@@ -392,3 +392,78 @@ echo done
     // mount.fuse3 hands the options on; the daemon logs what it mounted.
     assert!(d.cache.join("hoardfs.log").exists());
 }
+
+/// The units in contrib/ pass `systemd-analyze verify` without a single warning (skipped
+/// where systemd is not installed). hoardfs is put on the unit's search path in a private
+/// mount namespace, as for the fstab test.
+#[test]
+fn contrib_units_pass_systemd_analyze_verify() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("systemd-analyze is not installed: units not verified");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(BIN, bin.join("hoardfs")).unwrap();
+    let contrib = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib");
+    for unit in ["hoardfs@.service", "mnt-media.mount"] {
+        std::fs::copy(contrib.join(unit), tmp.path().join(unit)).unwrap();
+    }
+    let script = format!(
+        "mount --bind {} /usr/local/bin && cd {} && \
+         systemd-analyze verify --man=no ./hoardfs@media.service ./mnt-media.mount",
+        bin.display(),
+        tmp.path().display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.trim().is_empty(), "{stderr}");
+}
+
+#[test]
+fn config_check_reports_lines_and_a_valid_file_mounts_by_section() {
+    let d = Dirs::new();
+    let bad = d.src.parent().unwrap().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[mount.a]\nsource = \"/s\"\nmountpoint = \"/m\"\ncache-size = \"1G\"\n",
+    )
+    .unwrap();
+    let out = hoardfs(&["config", "check", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(&format!("{}:4:1: unknown key `cache-size`", bad.display())),
+        "{err}"
+    );
+
+    std::fs::write(d.src.join("f"), b"data").unwrap();
+    let good = d.src.parent().unwrap().join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "chunk_size = \"64K\"\n[mount.test]\nsource = \"{}\"\nmountpoint = \"{}\"\n\
+             cache_dir = \"{}\"\n",
+            d.src.display(),
+            d.mnt.display(),
+            d.cache.display()
+        ),
+    )
+    .unwrap();
+    let out = hoardfs(&["config", "check", good.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mounts: test"));
+    let out = hoardfs(&["--config", good.to_str().unwrap(), "--mount", "test"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read(d.mnt.join("f")).unwrap(), b"data");
+    assert!(d.cache.join("data/f").exists(), "cache_dir from the file");
+    d.unmount();
+}
