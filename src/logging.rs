@@ -26,7 +26,12 @@ pub fn init() {
     let (filter, handle) = reload::Layer::new(filter);
     tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        // No colours: a daemon's stderr is its log file, redirected after this point.
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::io::stderr),
+        )
         .init();
     let _ = RELOAD.set(Box::new(move |f| {
         handle.reload(f).map_err(|e| e.to_string())
