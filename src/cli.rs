@@ -58,9 +58,21 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Work with config files.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Write the man pages or a shell's completion script (for packaging).
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: Generate,
+    },
     /// Change tunables of a running mount: cache_size=SIZE, high_watermark=PCT,
     /// low_watermark=PCT, min_free=SIZE, max_inodes=N, inode_free_min=N,
-    /// inode_min_age=SECS, inode_max_age=SECS, inode_freeing=on|off.
+    /// inode_min_age=SECS, inode_max_age=SECS, inode_freeing=on|off, log=FILTER (the
+    /// daemon's log level: error, warn, info, debug, trace, or a HOARDFS_LOG spec).
     Set {
         /// The mount point of a running hoardfs.
         mountpoint: PathBuf,
@@ -70,13 +82,30 @@ pub enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Check a config file: every problem is printed as FILE:LINE:COLUMN: message.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Generate {
+    /// Write hoardfs.1 and a page per subcommand (hoardfs-stats.1, ...) into DIR.
+    Man { dir: PathBuf },
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+}
+
 #[derive(Debug, Args)]
 pub struct MountArgs {
     /// The directory to cache (any POSIX file system: NFS, SMB, SSHFS, a slow disk).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "mount_section")]
     pub source: Option<PathBuf>,
     /// Where to present the source's tree.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "mount_section")]
     pub mountpoint: Option<PathBuf>,
 
     /// Where cached data lives [default: $XDG_CACHE_HOME/hoardfs/<source> or
@@ -142,14 +171,25 @@ pub struct MountArgs {
     /// Stay in the foreground (do not daemonize).
     #[arg(short = 'f', long, help_heading = PROCESS)]
     pub foreground: bool,
+    /// Read options from this TOML file (docs/CONFIGURATION.md); the command line wins.
+    #[arg(long, value_name = "FILE", help_heading = PROCESS)]
+    pub config: Option<PathBuf>,
+    /// Mount the [mount.NAME] section of the --config file (NAME may also be its mount
+    /// point); SOURCE and MOUNTPOINT then come from the section unless given.
+    #[arg(long = "mount", value_name = "NAME", requires = "config", help_heading = PROCESS)]
+    pub mount_section: Option<String>,
     /// Threads serving FUSE requests [default: 4].
     #[arg(long, help_heading = PROCESS)]
     pub threads: Option<usize>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9560) [default: off].
+    #[arg(long, value_name = "ADDR", help_heading = PROCESS)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
     /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, watch=auto|on|off,
     /// no_stale_check,
     /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
-    /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE; the generic mount(8) options
+    /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE,
+    /// metrics_addr=ADDR; the generic mount(8) options
     /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
     /// are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS", help_heading = PROCESS)]
@@ -185,9 +225,18 @@ const IGNORED_MOUNT_OPTIONS: &[&str] = &[
 ];
 
 impl MountArgs {
-    pub fn into_config(self) -> Result<Config, String> {
-        let source = self.source.expect("clap requires SOURCE");
-        let mountpoint = self.mountpoint.expect("clap requires MOUNTPOINT");
+    pub fn into_config(mut self) -> Result<Config, String> {
+        if let Some(path) = self.config.take() {
+            let file = crate::config_file::load(&path)?;
+            let section = self.mount_section.take();
+            file.apply(&mut self, section.as_deref())?;
+        }
+        let source = self
+            .source
+            .ok_or("no SOURCE: give it, or `source` in the config file's [mount.NAME]")?;
+        let mountpoint = self
+            .mountpoint
+            .ok_or("no MOUNTPOINT: give it, or `mountpoint` in the config file's [mount.NAME]")?;
         let mut c = Config {
             cache_dir: PathBuf::new(),
             source,
@@ -211,6 +260,7 @@ impl MountArgs {
             high_watermark: config::DEFAULT_HIGH_WATERMARK,
             low_watermark: config::DEFAULT_LOW_WATERMARK,
             min_free: None,
+            metrics_addr: None,
         };
         let mut max_inodes = None;
         let mut cache_dir = None;
@@ -249,6 +299,13 @@ impl MountArgs {
                     )
                 }
                 "cache_size" => c.cache_size = Some(parse_size(&need(value)?)?),
+                "metrics_addr" => {
+                    c.metrics_addr = Some(
+                        need(value)?
+                            .parse()
+                            .map_err(|_| format!("invalid address in {opt:?} (HOST:PORT)"))?,
+                    )
+                }
                 "min_free" => c.min_free = Some(parse_size(&need(value)?)?),
                 "cache_share" | "high_watermark" | "low_watermark" => {
                     let v: u8 = need(value)?
@@ -298,6 +355,7 @@ impl MountArgs {
         if let Some(v) = self.threads {
             c.threads = v;
         }
+        c.metrics_addr = self.metrics_addr.or(c.metrics_addr);
         c.cache_size = self.cache_size.or(c.cache_size);
         c.min_free = self.min_free.or(c.min_free);
         c.cache_share = self.cache_share.unwrap_or(c.cache_share);

@@ -70,6 +70,8 @@ pub struct Config {
     pub low_watermark: u8,
     /// Free space kept on the cache's file system; `None`: 5 % of it.
     pub min_free: Option<u64>,
+    /// Where to serve Prometheus metrics (`metrics.rs`); `None`: no endpoint.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Whether hoardfs watches the source (inotify) for changes made behind the mount.
@@ -200,6 +202,13 @@ impl Config {
                 "is the source itself".into(),
             ));
         }
+        self.check_values()?;
+        Ok(self)
+    }
+
+    /// The checks of `validate` that do not look at the file system (`hoardfs config
+    /// check` runs them on a file meant for another machine).
+    pub fn check_values(&self) -> Result<(), ConfigError> {
         if !self.chunk_size.is_power_of_two() || self.chunk_size < 4096 {
             return Err(ConfigError::Invalid(format!(
                 "chunk size {} must be a power of two of at least 4 KiB",
@@ -222,7 +231,7 @@ impl Config {
         if self.threads == 0 {
             return Err(ConfigError::Invalid("threads must be at least 1".into()));
         }
-        Ok(self)
+        Ok(())
     }
 }
 

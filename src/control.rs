@@ -56,6 +56,8 @@ fn answer(handler: &dyn Handler, line: &str) -> String {
         "set" => {
             let mut words = rest.split_whitespace();
             ok(match (words.next(), words.next(), words.next()) {
+                // The log filter belongs to the process, not to the file system.
+                (Some("log"), Some(v), None) => crate::logging::set_filter(v),
                 (Some(k), Some(v), None) => handler.set(k, v),
                 _ => Err("usage: set KEY VALUE".into()),
             })

@@ -123,17 +123,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.fs.stats.count(Op::Lookup);
+        let _timer = self.fs.stats.start(Op::Lookup);
         self.lookup_entry(reply, parent, self.fs.lookup(parent.0, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.stats.count(Op::Forget);
+        let _timer = self.fs.stats.start(Op::Forget);
         self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.fs.stats.count(Op::Getattr);
+        let _timer = self.fs.stats.start(Op::Getattr);
         match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
             Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
             Err(e) => reply.error(e),
@@ -158,7 +158,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.fs.stats.count(Op::Setattr);
+        let _timer = self.fs.stats.start(Op::Setattr);
         let set = SetAttr {
             mode,
             uid,
@@ -174,7 +174,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.fs.stats.count(Op::Readlink);
+        let _timer = self.fs.stats.start(Op::Readlink);
         match self.fs.readlink(ino.0) {
             Ok(v) => reply.data(&v),
             Err(e) => reply.error(e),
@@ -191,7 +191,7 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.fs.stats.count(Op::Mknod);
+        let _timer = self.fs.stats.start(Op::Mknod);
         self.entry(
             reply,
             parent,
@@ -209,7 +209,7 @@ impl Filesystem for FuseAdapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        self.fs.stats.count(Op::Mkdir);
+        let _timer = self.fs.stats.start(Op::Mkdir);
         self.entry(
             reply,
             parent,
@@ -218,12 +218,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.fs.stats.count(Op::Unlink);
+        let _timer = self.fs.stats.start(Op::Unlink);
         Self::empty(reply, self.fs.unlink(parent.0, name));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.fs.stats.count(Op::Rmdir);
+        let _timer = self.fs.stats.start(Op::Rmdir);
         Self::empty(reply, self.fs.rmdir(parent.0, name));
     }
 
@@ -235,7 +235,7 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.fs.stats.count(Op::Symlink);
+        let _timer = self.fs.stats.start(Op::Symlink);
         self.entry(
             reply,
             parent,
@@ -254,7 +254,7 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Rename);
+        let _timer = self.fs.stats.start(Op::Rename);
         Self::empty(
             reply,
             self.fs
@@ -270,12 +270,12 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.fs.stats.count(Op::Link);
+        let _timer = self.fs.stats.start(Op::Link);
         self.entry(reply, newparent, self.fs.link(ino.0, newparent.0, newname));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.fs.stats.count(Op::Open);
+        let _timer = self.fs.stats.start(Op::Open);
         let r = self.fs.open(ino.0, flags.0, &|f| reply.open_backing(f));
         match r {
             Ok(o) => match &o.backing {
@@ -297,7 +297,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.fs.stats.count(Op::Read);
+        let _timer = self.fs.stats.start(Op::Read);
         match self.fs.read(fh.0, offset, size) {
             Ok(v) => reply.data(&v),
             Err(e) => reply.error(e),
@@ -316,7 +316,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.fs.stats.count(Op::Write);
+        let _timer = self.fs.stats.start(Op::Write);
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
@@ -331,7 +331,7 @@ impl Filesystem for FuseAdapter {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Flush);
+        let _timer = self.fs.stats.start(Op::Flush);
         Self::empty(reply, self.fs.flush(ino.0, lock_owner.0));
     }
 
@@ -345,7 +345,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Release);
+        let _timer = self.fs.stats.start(Op::Release);
         if let Some(owner) = lock_owner {
             let _ = self.fs.flush(ino.0, owner.0);
         }
@@ -360,12 +360,12 @@ impl Filesystem for FuseAdapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Fsync);
+        let _timer = self.fs.stats.start(Op::Fsync);
         Self::empty(reply, self.fs.fsync(fh.0, datasync));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.fs.stats.count(Op::Opendir);
+        let _timer = self.fs.stats.start(Op::Opendir);
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), self.fs.dir_open_flags(ino.0)),
             Err(e) => reply.error(e),
@@ -380,7 +380,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.fs.stats.count(Op::Readdir);
+        let _timer = self.fs.stats.start(Op::Readdir);
         match self.fs.dir_entries(fh.0) {
             Ok(list) => {
                 for (i, e) in list.entries.iter().enumerate().skip(offset as usize) {
@@ -402,7 +402,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.fs.stats.count(Op::Readdirplus);
+        let _timer = self.fs.stats.start(Op::Readdirplus);
         let list = match self.fs.dir_entries(fh.0) {
             Ok(list) => list,
             Err(e) => return reply.error(e),
@@ -439,7 +439,7 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Releasedir);
+        let _timer = self.fs.stats.start(Op::Releasedir);
         self.fs.releasedir(fh.0);
         reply.ok();
     }
@@ -452,14 +452,14 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Fsyncdir);
+        let _timer = self.fs.stats.start(Op::Fsyncdir);
         // Namespace changes were made on the source by the calls themselves; a directory
         // fsync there needs a descriptor of the directory.
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.fs.stats.count(Op::Statfs);
+        let _timer = self.fs.stats.start(Op::Statfs);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -485,28 +485,28 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Setxattr);
+        let _timer = self.fs.stats.start(Op::Setxattr);
         Self::empty(reply, self.fs.setxattr(ino.0, name, value, flags));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.fs.stats.count(Op::Getxattr);
+        let _timer = self.fs.stats.start(Op::Getxattr);
         Self::xattr(reply, size, self.fs.getxattr(ino.0, name, size));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.fs.stats.count(Op::Listxattr);
+        let _timer = self.fs.stats.start(Op::Listxattr);
         Self::xattr(reply, size, self.fs.listxattr(ino.0, size));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.fs.stats.count(Op::Removexattr);
+        let _timer = self.fs.stats.start(Op::Removexattr);
         Self::empty(reply, self.fs.removexattr(ino.0, name));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // Only reached without default_permissions, which hoardfs always sets.
-        self.fs.stats.count(Op::Access);
+        let _timer = self.fs.stats.start(Op::Access);
         reply.ok();
     }
 
@@ -520,7 +520,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.fs.stats.count(Op::Create);
+        let _timer = self.fs.stats.start(Op::Create);
         match self
             .fs
             .create(parent.0, name, mode, flags, req.uid(), req.gid())
@@ -548,7 +548,7 @@ impl Filesystem for FuseAdapter {
         pid: u32,
         reply: ReplyLock,
     ) {
-        self.fs.stats.count(Op::Getlk);
+        let _timer = self.fs.stats.start(Op::Getlk);
         match self.fs.getlk(ino.0, fh.0, lock_owner.0, start, end, typ) {
             Ok((s, e, t)) => reply.locked(s, e, t, if t == libc::F_UNLCK { 0 } else { pid }),
             Err(e) => reply.error(e),
@@ -568,7 +568,7 @@ impl Filesystem for FuseAdapter {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Setlk);
+        let _timer = self.fs.stats.start(Op::Setlk);
         if sleep {
             // A blocking lock may wait for a long time: never on a request thread.
             let fs = self.fs.clone();
@@ -597,7 +597,7 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.fs.stats.count(Op::Fallocate);
+        let _timer = self.fs.stats.start(Op::Fallocate);
         Self::empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
     }
 
@@ -610,7 +610,7 @@ impl Filesystem for FuseAdapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.fs.stats.count(Op::Lseek);
+        let _timer = self.fs.stats.start(Op::Lseek);
         match self.fs.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e),

@@ -2,17 +2,11 @@
 //! bad usage (clap).
 
 use clap::Parser;
-use hoardfs::cli::{Cli, Command};
+use hoardfs::cli::{Cli, Command, ConfigAction};
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HOARDFS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    hoardfs::logging::init();
     let result = match cli.command {
         Some(Command::Stats { mountpoint, json }) => hoardfs::control::request_stats(&mountpoint)
             .map(|s| {
@@ -39,6 +33,20 @@ fn main() {
                 .ok_or_else(|| anyhow::anyhow!("{kv:?}: expected KEY=VALUE"))?;
             hoardfs::control::request_set(&mountpoint, k, v)
         }),
+        Some(Command::Config {
+            action: ConfigAction::Check { file },
+        }) => match hoardfs::config_file::load(&file) {
+            Ok(f) => {
+                let names: Vec<&str> = f.mount_names().collect();
+                println!("{}: ok; mounts: {}", file.display(), names.join(", "));
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        },
+        Some(Command::Generate { what }) => hoardfs::manpage::generate(what),
         None => match cli.mount.into_config() {
             Ok(cfg) => hoardfs::run::mount(cfg),
             Err(e) => {

@@ -66,6 +66,7 @@ fn daemonize() -> anyhow::Result<OwnedFd> {
 
 /// `ready` is taken (written and closed) once the mount answers; the parent waits for EOF.
 fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow::Result<()> {
+    let metrics = cfg.metrics_addr.map(crate::metrics::bind).transpose()?;
     let (inval_tx, inval_rx) = mpsc::channel::<Notice>();
     let inval_tx = Mutex::new(inval_tx);
     let mut fs = CachingFs::new(cfg.clone(), store)?;
@@ -169,6 +170,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 tracing::info!("signal {sig}: unmounting");
+                crate::sd_notify::notify("STOPPING=1");
                 unmount();
             }
         })?;
@@ -188,16 +190,47 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     fs.watch_root();
     crate::fs::spawn_coherence_threads(&fs)?;
     let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
+    if let Some(listener) = metrics {
+        crate::metrics::serve(listener, fs.clone())?;
+    }
 
     if let Some(ready) = ready.take() {
         redirect_stdio(&cfg)?;
         std::fs::File::from(ready).write_all(b"ready")?;
     }
     tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache = %cfg.cache_dir.display(), "mounted");
+    notify_systemd(&fs)?;
     let r = session.run();
+    crate::sd_notify::notify("STOPPING=1");
     let _ = std::fs::remove_file(socket);
     r.context("FUSE session failed")?;
     tracing::info!("unmounted");
+    Ok(())
+}
+
+/// Tells a service manager (`Type=notify`) that the mount answers, and keeps its status
+/// line current. MAINPID names the process serving the mount, which is not the one systemd
+/// started when we daemonized (that needs `NotifyAccess=all`; the unit runs `-f`).
+fn notify_systemd(fs: &Arc<CachingFs>) -> anyhow::Result<()> {
+    if !crate::sd_notify::enabled() {
+        return Ok(());
+    }
+    let status = crate::sd_notify::status_line(&fs.snapshot());
+    crate::sd_notify::notify(&format!(
+        "READY=1\nMAINPID={}\nSTATUS={status}",
+        std::process::id()
+    ));
+    let fs = Arc::downgrade(fs);
+    std::thread::Builder::new()
+        .name("sd-status".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(crate::sd_notify::STATUS_INTERVAL);
+                let Some(fs) = fs.upgrade() else { return };
+                let status = crate::sd_notify::status_line(&fs.snapshot());
+                crate::sd_notify::notify(&format!("STATUS={status}"));
+            }
+        })?;
     Ok(())
 }
 

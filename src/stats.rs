@@ -51,6 +51,9 @@ macro_rules! counters {
             pub fn rows(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($field), self.$field)),*]
             }
+            /// Each counter's name and its one-line description.
+            pub const DOCS: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($field), $doc)),*];
         }
     };
 }
@@ -75,6 +78,8 @@ counters! {
 pub struct Stats {
     ops: Vec<AtomicU64>,
     pub cache: CacheCounters,
+    /// Time the daemon spent on each request type (`start`), for the metrics endpoint.
+    pub latency: Vec<Histogram>,
 }
 
 impl Default for Stats {
@@ -82,7 +87,57 @@ impl Default for Stats {
         Stats {
             ops: Op::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             cache: CacheCounters::default(),
+            latency: Op::ALL.iter().map(|_| Histogram::default()).collect(),
         }
+    }
+}
+
+/// Upper bounds of the latency buckets: 2^k microseconds, 1 µs to 2^24 µs (16.8 s); one
+/// more bucket catches the rest. Powers of two make bucketing a leading-zeros count.
+pub const LATENCY_BUCKETS: usize = 25;
+
+/// A fixed log2-bucket histogram of durations, in relaxed atomics (no lock per request).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// `buckets[k]` counts durations in (2^(k-1), 2^k] µs; the last one everything above.
+    buckets: [AtomicU64; LATENCY_BUCKETS + 1],
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn record(&self, d: std::time::Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        let k = if us <= 1 {
+            0
+        } else {
+            (64 - (us - 1).leading_zeros()) as usize
+        };
+        self.buckets[k.min(LATENCY_BUCKETS)].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// Per-bucket counts (not cumulative; the last is above the largest bound) and the
+    /// sum in microseconds.
+    pub fn snapshot(&self) -> (Vec<u64>, u64) {
+        (
+            self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            self.sum_us.load(Relaxed),
+        )
+    }
+}
+
+/// Counts a request when made and records its duration when dropped: `let _timer =
+/// stats.start(Op::Read);` at the top of a request handler times the whole handler.
+#[must_use = "the request is timed until this guard is dropped"]
+pub struct OpTimer<'a> {
+    stats: &'a Stats,
+    op: Op,
+    started: std::time::Instant,
+}
+
+impl Drop for OpTimer<'_> {
+    fn drop(&mut self) {
+        self.stats.latency[self.op as usize].record(self.started.elapsed());
     }
 }
 
@@ -139,6 +194,21 @@ pub struct InodeSnapshot {
 impl Stats {
     pub fn count(&self, op: Op) {
         self.ops[op as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Counts `op` and times it until the returned guard is dropped.
+    pub fn start(&self, op: Op) -> OpTimer<'_> {
+        self.count(op);
+        OpTimer {
+            stats: self,
+            op,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Requests of one type so far.
+    pub fn op_count(&self, op: Op) -> u64 {
+        self.ops[op as usize].load(Relaxed)
     }
 
     pub fn add(counter: &AtomicU64, n: u64) {
@@ -249,5 +319,35 @@ impl Snapshot {
             let _ = writeln!(s, "  {name:<20} {n:>12}");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn latency_buckets_are_powers_of_two_microseconds() {
+        let h = Histogram::default();
+        for us in [0, 1, 2, 3, 4, 5, 1024, 1025] {
+            h.record(Duration::from_micros(us));
+        }
+        h.record(Duration::from_secs(3600));
+        let (b, sum) = h.snapshot();
+        assert_eq!(&b[..4], &[2, 1, 2, 1], "<=1, <=2, <=4, <=8 µs");
+        assert_eq!(b[10], 1, "1024 µs is in the 2^10 bucket");
+        assert_eq!(b[11], 1, "1025 µs is in the 2^11 bucket");
+        assert_eq!(b[LATENCY_BUCKETS], 1, "an hour is above every bound");
+        assert_eq!(sum, 1 + 2 + 3 + 4 + 5 + 1024 + 1025 + 3_600_000_000);
+    }
+
+    #[test]
+    fn a_timer_counts_and_times_its_request() {
+        let s = Stats::default();
+        drop(s.start(Op::Read));
+        assert_eq!(s.op_count(Op::Read), 1);
+        let (b, _) = s.latency[Op::Read as usize].snapshot();
+        assert_eq!(b.iter().sum::<u64>(), 1);
     }
 }
