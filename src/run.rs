@@ -125,6 +125,11 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     // handler can deadlock against the kernel waiting for that very request. The same
     // thread runs the inode table's periodic work (freeing aged entries; over the soft
     // maximum, asking the kernel to drop cold dentries so that it forgets their inodes).
+    // From here on the mount exists: any failure before serving must take it down again,
+    // or a dead mount (ENOTCONN) would be left behind.
+    let unmount = Arc::new(Mutex::new(unmount));
+    let mut unmount_on_error = UnmountOnError(Some(unmount.clone()));
+
     let notifier = session.notifier();
     let table_fs = Arc::downgrade(&fs);
     std::thread::Builder::new()
@@ -163,7 +168,6 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             }
         })?;
 
-    let mut unmount = unmount;
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
     std::thread::Builder::new()
         .name("signals".into())
@@ -171,7 +175,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             if let Some(sig) = signals.forever().next() {
                 tracing::info!("signal {sig}: unmounting");
                 crate::sd_notify::notify("STOPPING=1");
-                unmount();
+                (unmount.lock().unwrap())();
             }
         })?;
 
@@ -200,12 +204,25 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     }
     tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache = %cfg.cache_dir.display(), "mounted");
     notify_systemd(&fs)?;
+    unmount_on_error.0 = None;
     let r = session.run();
     crate::sd_notify::notify("STOPPING=1");
     let _ = std::fs::remove_file(socket);
     r.context("FUSE session failed")?;
     tracing::info!("unmounted");
     Ok(())
+}
+
+/// Unmounts on drop unless disarmed: the error paths between mounting and serving.
+struct UnmountOnError(Option<Arc<Mutex<Box<dyn FnMut() + Send>>>>);
+
+impl Drop for UnmountOnError {
+    fn drop(&mut self) {
+        if let Some(u) = self.0.take() {
+            tracing::warn!("setting up the mount failed: unmounting");
+            (u.lock().unwrap())();
+        }
+    }
 }
 
 /// Tells a service manager (`Type=notify`) that the mount answers, and keeps its status

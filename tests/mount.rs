@@ -889,3 +889,34 @@ fn a_source_that_renumbers_inodes_keeps_its_cache() {
     assert_eq!(s.cache.stale_invalidations, 0, "{s:?}");
     assert_eq!(s.cache.bytes_from_source, 0);
 }
+
+/// A failure after the mount was made (here: the control socket cannot be bound) takes the
+/// mount down again instead of leaving a dead one behind.
+#[test]
+fn a_failed_start_leaves_nothing_mounted() {
+    let d = tempfile::tempdir().unwrap();
+    let base = fs::canonicalize(d.path()).unwrap();
+    let (src, mnt) = (base.join("src"), base.join("mnt"));
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    let sock = hoardfs::control::socket_path(&mnt);
+    fs::create_dir_all(&sock).unwrap();
+    struct RemoveDir(std::path::PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir(&self.0);
+        }
+    }
+    let _cleanup = RemoveDir(sock.clone());
+    let out = Command::new(BIN)
+        .arg(&src)
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(base.join("cache"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot bind"), "{err}");
+    assert!(!common::is_mounted(&mnt), "a dead mount was left behind");
+}
