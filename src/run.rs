@@ -214,7 +214,10 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
 }
 
 /// Unmounts on drop unless disarmed: the error paths between mounting and serving.
-struct UnmountOnError(Option<Arc<Mutex<Box<dyn FnMut() + Send>>>>);
+struct UnmountOnError(Option<SharedUnmount>);
+
+/// The unmount action, shared by the signal thread and the start-up error path.
+type SharedUnmount = Arc<Mutex<Box<dyn FnMut() + Send>>>;
 
 impl Drop for UnmountOnError {
     fn drop(&mut self) {
