@@ -15,10 +15,10 @@ use crate::source::{BeneathRoot, cvt};
 
 const FORMAT_LINE: &str = "hoardfs cache 1\n";
 
-/// The cache directory of one mount.
 /// How long opening waits for another daemon to release the cache directory.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The cache directory of one mount.
 #[derive(Debug)]
 pub struct CacheStore {
     data: BeneathRoot,
