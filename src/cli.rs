@@ -58,6 +58,30 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Switch a mount to disconnected operation: only what the cache holds is served,
+    /// changes fail with EROFS, nothing reaches the source until `hoardfs online`.
+    Offline {
+        /// The mount point of a running hoardfs.
+        mountpoint: PathBuf,
+    },
+    /// End disconnected operation started by `hoardfs offline` (or `--offline`).
+    Online {
+        /// The mount point of a running hoardfs.
+        mountpoint: PathBuf,
+    },
+    /// Fetch files or whole trees into the cache ahead of time (hoarding), in parallel,
+    /// with progress; stops before the cache would pass its high watermark.
+    Warm {
+        /// Files or directories inside a hoardfs mount.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Also pin what is warmed, so the cleaner never evicts it.
+        #[arg(long)]
+        pin: bool,
+        /// Files read at once.
+        #[arg(short = 'j', long, default_value_t = 4)]
+        jobs: usize,
+    },
     /// Work with config files.
     Config {
         #[command(subcommand)]
@@ -152,6 +176,13 @@ pub struct MountArgs {
     /// kernel's and the cache's copies; `auto` watches local file systems only.
     #[arg(long, value_enum, help_heading = KERNEL)]
     pub watch: Option<config::WatchMode>,
+    /// Longest wait in seconds for one call to the source before the mount goes offline
+    /// (0: none) [default: 10 on network and FUSE sources, none on local ones].
+    #[arg(long, value_parser = parse_secs, help_heading = CACHING)]
+    pub source_timeout: Option<Duration>,
+    /// Start disconnected: serve only what the cache holds until `hoardfs online`.
+    #[arg(long, help_heading = CACHING)]
+    pub offline: bool,
     /// Serve reads of fully cached files through the daemon instead of FUSE passthrough.
     #[arg(long, help_heading = KERNEL)]
     pub no_passthrough: bool,
@@ -186,7 +217,7 @@ pub struct MountArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
     /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, watch=auto|on|off,
-    /// no_stale_check,
+    /// source_timeout=S, offline, no_stale_check,
     /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
     /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE,
     /// metrics_addr=ADDR; the generic mount(8) options
@@ -247,6 +278,8 @@ impl MountArgs {
             attr_ttl: None,
             negative_ttl: None,
             watch: config::WatchMode::Auto,
+            source_timeout: None,
+            start_offline: false,
             stale_check: true,
             passthrough: true,
             allow_other: false,
@@ -286,6 +319,8 @@ impl MountArgs {
                 "attr_ttl" => c.attr_ttl = Some(parse_secs(&need(value)?)?),
                 "negative_ttl" => c.negative_ttl = Some(parse_secs(&need(value)?)?),
                 "watch" => c.watch = need(value)?.parse()?,
+                "source_timeout" => c.source_timeout = Some(parse_secs(&need(value)?)?),
+                "offline" => c.start_offline = true,
                 "threads" => {
                     c.threads = need(value)?
                         .parse()
@@ -352,6 +387,10 @@ impl MountArgs {
         if let Some(v) = self.watch {
             c.watch = v;
         }
+        if let Some(v) = self.source_timeout {
+            c.source_timeout = Some(v);
+        }
+        c.start_offline |= self.offline;
         if let Some(v) = self.threads {
             c.threads = v;
         }

@@ -53,6 +53,11 @@ pub struct Config {
     pub negative_ttl: Option<Duration>,
     /// Whether to watch a local source for changes made behind the mount.
     pub watch: WatchMode,
+    /// Longest wait for one source call; `None`: 10 s on network and FUSE sources, none on
+    /// local ones; zero: none.
+    pub source_timeout: Option<Duration>,
+    /// Start in disconnected mode (`hoardfs online` ends it).
+    pub start_offline: bool,
     pub stale_check: bool,
     pub passthrough: bool,
     pub allow_other: bool,

@@ -62,6 +62,14 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("attr_ttl", Kind::Value),
     ("negative_ttl", Kind::Value),
     ("watch", Kind::Value),
+    ("source_timeout", Kind::Value),
+    (
+        "offline",
+        Kind::Flag {
+            on: "offline",
+            off: None,
+        },
+    ),
     (
         "no_passthrough",
         Kind::Flag {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 mod changes;
+mod offline;
 pub use changes::spawn_coherence_threads;
 
 use crate::cache::record::chunk_count;
@@ -31,6 +32,7 @@ use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
 use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
+use crate::health::{GuardedSource, Health};
 use crate::inode::{Inode, InodeLimits, InodeTable};
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
@@ -47,6 +49,10 @@ pub fn errno(e: io::Error) -> Errno {
         }
     }
 }
+
+/// Source call timeout where none is configured and the source is a network or FUSE file
+/// system: long enough for a slow server, short enough that a dead one is noticed.
+const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a writer waits for passthrough readers whose release is still on its way.
 const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
@@ -116,7 +122,8 @@ pub struct ListEntry {
 
 pub struct CachingFs {
     pub cfg: Config,
-    source: BeneathRoot,
+    /// The source, reached only through health-guarded calls (timeouts, offline mode).
+    source: Arc<GuardedSource>,
     cache: CacheStore,
     pub inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
@@ -141,6 +148,8 @@ pub struct CachingFs {
     /// Taken for reading while a cache state loads, for writing while the cleaner evicts a
     /// file, so that no open file can load a record whose data is being removed.
     evict_lock: RwLock<()>,
+    /// Directories whose listing is saved for offline use (`fs/offline.rs`).
+    listed: Mutex<offline::Listed>,
 }
 
 /// File systems whose inode numbers may change while a file exists.
@@ -232,17 +241,24 @@ fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 impl CachingFs {
     pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
-        let source = BeneathRoot::open(&cfg.source)?;
-        let stable_ino = !renumbers_inodes(source.root_fd());
+        let root = BeneathRoot::open(&cfg.source)?;
+        let timeout = match cfg.source_timeout {
+            None => crate::coherence::is_remote(root.root_fd()).then_some(DEFAULT_REMOTE_TIMEOUT),
+            Some(t) if t.is_zero() => None,
+            Some(t) => Some(t),
+        };
+        let health = Arc::new(Health::new(timeout, cfg.start_offline));
+        let stable_ino = !renumbers_inodes(root.root_fd());
+        let root_stat = fstat(root.root_fd())?;
+        let coherence = Coherence::new(&cfg, root.root_fd());
+        let source = Arc::new(GuardedSource::new(root, &cfg.source, health)?);
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
-        let root = source.stat(Path::new(""))?;
-        let coherence = Coherence::new(&cfg, source.root_fd());
         Ok(CachingFs {
             source,
             cache,
-            inodes: InodeTable::new(&root, InodeLimits::new(cfg.max_inodes)),
+            inodes: InodeTable::new(&root_stat, InodeLimits::new(cfg.max_inodes)),
             handles: Mutex::default(),
             dirs: Mutex::default(),
             locks: Mutex::default(),
@@ -255,6 +271,7 @@ impl CachingFs {
             stable_ino,
             loaded: Mutex::default(),
             evict_lock: RwLock::new(()),
+            listed: Mutex::default(),
             cfg,
         })
     }
@@ -277,6 +294,24 @@ impl CachingFs {
     pub fn set(&self, key: &str, value: &str) -> std::result::Result<(), String> {
         if self.coherence.tunables.set(key, value)? {
             return Ok(());
+        }
+        match key {
+            "online" => {
+                match value {
+                    "on" | "true" | "1" | "yes" => self.source.health.go_online(true),
+                    "off" | "false" | "0" | "no" => {
+                        self.source.health.go_offline("switched off by hand", true)
+                    }
+                    _ => return Err(format!("online: on or off, not {value:?}")),
+                }
+                return Ok(());
+            }
+            "source_timeout" => {
+                let t = crate::config::parse_secs(value)?;
+                self.source.health.set_timeout((!t.is_zero()).then_some(t));
+                return Ok(());
+            }
+            _ => {}
         }
         let Some(mut l) = self.usage.limits() else {
             return self.inodes.set(key, value);
@@ -333,6 +368,18 @@ impl CachingFs {
     /// Installs the hook that passes notices to the kernel (FUSE notify).
     pub fn set_notifier(&mut self, f: impl Fn(Notice) + Send + Sync + 'static) {
         self.coherence.set_notifier(f);
+    }
+
+    /// Starts the source probe; when the mount comes back online, everything the kernel
+    /// and the open files hold is revalidated (the source may have changed meanwhile).
+    pub fn spawn_health_probe(self: &Arc<Self>) -> io::Result<()> {
+        let weak = Arc::downgrade(self);
+        self.source.health.set_on_switch(move |online| {
+            if online && let Some(fs) = weak.upgrade() {
+                fs.invalidate_everything();
+            }
+        });
+        crate::health::spawn_probe(self.source.clone())
     }
 
     /// Watches the root directory, whose entries the kernel learns first.
@@ -428,6 +475,7 @@ impl CachingFs {
             cache_files,
             cleaner: self.usage.snapshot(),
             coherence: self.coherence.snapshot(),
+            health: self.source.health.snapshot(),
         }
     }
 
@@ -436,10 +484,21 @@ impl CachingFs {
     /// Attributes of `inode`: from an open handle when there is one (the name may be gone),
     /// otherwise from its path.
     pub fn getattr(&self, id: u64, fh: Option<u64>) -> Result<FileAttr> {
+        if !self.online() {
+            return self.offline_getattr(&*self.inode(id)?);
+        }
+        match self.getattr_online(id, fh) {
+            // The source failed and the mount went offline meanwhile: the cache answers.
+            Err(_) if !self.online() => self.offline_getattr(&*self.inode(id)?),
+            r => r,
+        }
+    }
+
+    fn getattr_online(&self, id: u64, fh: Option<u64>) -> Result<FileAttr> {
         if let Some(h) = fh.and_then(|fh| self.handle(fh).ok())
             && let Some(src) = &h.source
         {
-            return Ok(attr_of(id, &fstat(src.as_fd()).map_err(errno)?));
+            return Ok(attr_of(id, &self.source.fstat(src.as_fd()).map_err(errno)?));
         }
         let inode = self.inode(id)?;
         let stat = match inode.path() {
@@ -479,6 +538,16 @@ impl CachingFs {
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
+        if !self.online() {
+            return self.offline_lookup(parent, name);
+        }
+        match self.lookup_online(parent, name) {
+            Err(_) if !self.online() => self.offline_lookup(parent, name),
+            r => r,
+        }
+    }
+
+    fn lookup_online(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
         let dir = self.inode(parent)?;
         let dir_path = dir.path().ok_or(Errno::ENOENT)?;
         // Watch first: a change between our stat and the watch would go unseen.
@@ -509,6 +578,7 @@ impl CachingFs {
     }
 
     fn entry_after_create(&self, parent: u64, path: &Path) -> Result<FileAttr> {
+        self.listing_changed(path.parent().unwrap_or(Path::new("")));
         let st = self.source.stat(path).map_err(errno)?;
         let inode = self.inodes.lookup(parent, path, &st);
         Ok(attr_of(inode.id, &st))
@@ -524,6 +594,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<FileAttr> {
+        self.changes_allowed()?;
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
@@ -566,6 +637,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<FileAttr> {
+        self.changes_allowed()?;
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mkdir(&path, mode).map_err(errno)?;
@@ -584,6 +656,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<FileAttr> {
+        self.changes_allowed()?;
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.symlink(target, &path).map_err(errno)?;
@@ -595,13 +668,21 @@ impl CachingFs {
     }
 
     pub fn readlink(&self, id: u64) -> Result<Vec<u8>> {
-        self.source.readlink(&self.path_of(id)?).map_err(errno)
+        if !self.online() {
+            return self.offline_readlink(&*self.inode(id)?);
+        }
+        match self.source.readlink(&self.path_of(id)?) {
+            Err(_) if !self.online() => self.offline_readlink(&*self.inode(id)?),
+            r => r.map_err(errno),
+        }
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+        self.changes_allowed()?;
         let path = child(&self.path_of(parent)?, name)?;
         let before = self.source.stat(&path).map_err(errno)?;
         self.source.unlink(&path).map_err(errno)?;
+        self.listing_changed(path.parent().unwrap_or(Path::new("")));
         if let Some(inode) = self.find_inode(&path, &before) {
             inode.remove_name(&path);
             if before.nlink <= 1 {
@@ -619,9 +700,12 @@ impl CachingFs {
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+        self.changes_allowed()?;
         let path = child(&self.path_of(parent)?, name)?;
         let before = self.source.stat(&path).ok();
         self.source.rmdir(&path).map_err(errno)?;
+        self.listing_changed(path.parent().unwrap_or(Path::new("")));
+        self.listing_changed(&path);
         if let Some(inode) = before.and_then(|st| self.inodes.find(&path, &st)) {
             inode.remove_name(&path);
         }
@@ -639,10 +723,15 @@ impl CachingFs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        self.changes_allowed()?;
         let from = child(&self.path_of(parent)?, name)?;
         let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).ok();
         self.source.rename(&from, &to, flags).map_err(errno)?;
+        for dir in [&from, &to] {
+            self.listing_changed(dir.parent().unwrap_or(Path::new("")));
+            self.listing_changed(dir);
+        }
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         self.inodes.renamed(&from, &to, exchange, parent, newparent);
         self.cache.rename(&from, &to, flags);
@@ -656,10 +745,13 @@ impl CachingFs {
     }
 
     pub fn link(&self, id: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr> {
+        self.changes_allowed()?;
         let from = self.path_of(id)?;
         let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).map_err(errno)?;
         self.source.link(&from, &to).map_err(errno)?;
+        self.listing_changed(from.parent().unwrap_or(Path::new("")));
+        self.listing_changed(to.parent().unwrap_or(Path::new("")));
         let st = self.source.stat(&to).map_err(errno)?;
         if before.is_file() {
             self.own_change(&from, &before, &st);
@@ -673,6 +765,7 @@ impl CachingFs {
     }
 
     pub fn setattr(&self, id: u64, fh: Option<u64>, attr: SetAttr) -> Result<FileAttr> {
+        self.changes_allowed()?;
         let inode = self.inode(id)?;
         let path = inode.path();
         let handle = fh.and_then(|fh| self.handle(fh).ok());
@@ -684,6 +777,9 @@ impl CachingFs {
             (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
         let before = stat_now().map_err(errno)?;
+        if let Some(p) = &path {
+            self.listing_changed(p.parent().unwrap_or(Path::new("")));
+        }
         if let Some(size) = attr.size {
             if !before.is_file() {
                 return Err(if before.is_dir() {
@@ -781,12 +877,18 @@ impl CachingFs {
     }
 
     pub fn statfs(&self) -> Result<libc::statvfs> {
+        if !self.online() {
+            return self.offline_statfs();
+        }
         self.source.statvfs().map_err(errno)
     }
 
     // ---------------------------------------------------------------- xattrs
 
     pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> Result<Vec<u8>> {
+        if !self.online() {
+            return Err(Errno::ENODATA); // extended attributes are not kept offline
+        }
         let path = self.path_of(id)?;
         self.source
             .getxattr(&path, name, size as usize)
@@ -794,11 +896,15 @@ impl CachingFs {
     }
 
     pub fn listxattr(&self, id: u64, size: u32) -> Result<Vec<u8>> {
+        if !self.online() {
+            return Ok(Vec::new());
+        }
         let path = self.path_of(id)?;
         self.source.listxattr(&path, size as usize).map_err(errno)
     }
 
     pub fn setxattr(&self, id: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        self.changes_allowed()?;
         let path = self.path_of(id)?;
         let before = self.source.stat(&path).ok();
         self.source
@@ -811,6 +917,7 @@ impl CachingFs {
     }
 
     pub fn removexattr(&self, id: u64, name: &OsStr) -> Result<()> {
+        self.changes_allowed()?;
         let path = self.path_of(id)?;
         let before = self.source.stat(&path).ok();
         self.source.removexattr(&path, name).map_err(errno)?;
@@ -825,6 +932,23 @@ impl CachingFs {
     pub fn opendir(&self, id: u64) -> Result<u64> {
         let inode = self.inode(id)?;
         let path = inode.path().ok_or(Errno::ENOENT)?;
+        let offline = |path: &Path| {
+            let list = self.offline_dir_list(id, path)?;
+            let fh = self.new_fh();
+            self.dirs.lock().unwrap().insert(fh, Arc::new(list));
+            Ok(fh)
+        };
+        if !self.online() {
+            return offline(&path);
+        }
+        match self.opendir_online(id, &path) {
+            Err(_) if !self.online() => offline(&path),
+            r => r,
+        }
+    }
+
+    fn opendir_online(&self, id: u64, path: &Path) -> Result<u64> {
+        let path = path.to_path_buf();
         // Kept for fstat of the open directory once its name is gone.
         let fd = self
             .source
@@ -838,6 +962,7 @@ impl CachingFs {
             crate::source::dup_file(fd.as_fd()).ok().map(OwnedFd::from)
         });
         let entries = self.source.read_dir(&path).map_err(errno)?;
+        self.save_listing(&path, &entries);
         let mut list = Vec::with_capacity(entries.len() + 2);
         list.push(ListEntry {
             ino: id,
@@ -880,6 +1005,9 @@ impl CachingFs {
         from: usize,
         max: usize,
     ) -> Vec<Option<FileAttr>> {
+        if !self.online() {
+            return self.offline_readdirplus_attrs(list, from, max);
+        }
         let batch: Vec<&ListEntry> = list.entries.iter().skip(from).take(max).collect();
         let names: Vec<&OsStr> = batch.iter().map(|e| e.name.as_os_str()).collect();
         let Ok(stats) = self.source.stat_children(&list.path, &names) else {
@@ -924,6 +1052,7 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<(FileAttr, Opened)> {
+        self.changes_allowed()?;
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         // Exclusive first, so that we know we made it and may give it to the caller; a file
@@ -947,7 +1076,7 @@ impl CachingFs {
                 Err(e) => return Err(errno(e)),
             };
         let inode = self.inode(attr.ino.0)?;
-        let st = fstat(file.as_fd()).map_err(errno)?;
+        let st = self.source.fstat(file.as_fd()).map_err(errno)?;
         // A new file is fully known: cache it empty and complete.
         {
             let mut guard = inode.file();
@@ -998,11 +1127,41 @@ impl CachingFs {
         let inode = self.inode(id)?;
         let path = inode.path().ok_or(Errno::ENOENT)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let offline = || {
+            if writable || flags & libc::O_TRUNC != 0 {
+                return Err(Errno::EROFS);
+            }
+            let mut guard = inode.file();
+            if guard.is_none() {
+                *guard = Some(self.offline_state(&inode, &path));
+            }
+            self.finish_open(&inode, guard, false, None, true, make_backing)
+        };
+        if !self.online() {
+            return offline();
+        }
+        match self.open_online(&inode, &path, flags, make_backing) {
+            Err(_) if !self.online() => offline(),
+            r => r,
+        }
+    }
+
+    fn open_online(
+        &self,
+        inode: &Arc<Inode>,
+        path: &Path,
+        flags: i32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        let (inode, path) = (inode.clone(), path.to_path_buf());
+        let id = inode.id;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.ensure_listed(path.parent().unwrap_or(Path::new("")));
         let path_fd = self
             .source
             .openat(&path, rustix::fs::OFlags::PATH, 0)
             .map_err(errno)?;
-        let st = fstat(path_fd.as_fd()).map_err(errno)?;
+        let st = self.source.fstat(path_fd.as_fd()).map_err(errno)?;
         if !st.is_file() {
             return Err(Errno::EINVAL);
         }
@@ -1082,6 +1241,22 @@ impl CachingFs {
             Stats::add(&self.stats.cache.open_misses, 1);
         }
 
+        self.finish_open(&inode, guard, writable, source, keep_cache, make_backing)
+    }
+
+    /// Answers an open whose cache state is loaded: passthrough when the file is whole in
+    /// the cache and nobody has it open through the daemon, else served by the daemon.
+    fn finish_open(
+        &self,
+        inode: &Arc<Inode>,
+        mut guard: std::sync::MutexGuard<'_, Option<FileState>>,
+        writable: bool,
+        source: Option<File>,
+        keep_cache: bool,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        let id = inode.id;
+        let state = guard.as_mut().unwrap();
         let mut backing = None;
         if !writable && state.complete() && state.daemon_opens == 0 && self.passthrough_enabled() {
             let existing = state.backing.upgrade();
@@ -1121,7 +1296,7 @@ impl CachingFs {
         self.handles.lock().unwrap().insert(
             fh,
             Arc::new(Handle {
-                inode,
+                inode: inode.clone(),
                 source,
                 writable,
                 passthrough: backing.clone(),
@@ -1151,6 +1326,21 @@ impl CachingFs {
         self.loaded.lock().unwrap().remove(&inode.id);
     }
 
+    /// A state with nothing cached and no descriptors.
+    fn empty_state(&self, identity: SourceIdentity) -> FileState {
+        FileState {
+            files: None,
+            record: CacheRecord::empty(identity, self.cfg.chunk_size),
+            fetch_src: None,
+            path_fd: None,
+            daemon_opens: 0,
+            passthrough_opens: 0,
+            backing: Weak::new(),
+            unsynced: 0,
+            written: false,
+        }
+    }
+
     /// Loads the cache state of `path` from its record, checking it against `st`. Returns
     /// the state and whether cached data was discarded. With `new_file`, the file was
     /// just created by us and any old cache entry under its name is dropped.
@@ -1164,17 +1354,7 @@ impl CachingFs {
         let _no_eviction = self.evict_lock.read().unwrap();
         self.loaded.lock().unwrap().insert(inode.id, inode.clone());
         let identity = self.identity(st);
-        let mut state = FileState {
-            files: None,
-            record: CacheRecord::empty(identity, self.cfg.chunk_size),
-            fetch_src: None,
-            path_fd: None,
-            daemon_opens: 0,
-            passthrough_opens: 0,
-            backing: Weak::new(),
-            unsynced: 0,
-            written: false,
-        };
+        let mut state = self.empty_state(identity);
         let files = match self.cache.open_files(path) {
             Ok(f) => f,
             Err(e) => {
@@ -1320,8 +1500,13 @@ impl CachingFs {
             .fetch_src
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        let mut buf = vec![0u8; len];
-        let n = read_full(src, &mut buf, off)?;
+        let buf = self.source.with_fd(src.as_fd(), move |f| {
+            let mut buf = vec![0u8; len];
+            let n = read_full(f, &mut buf, off)?;
+            buf.truncate(n);
+            Ok(buf)
+        })?;
+        let n = buf.len();
         Stats::add(&self.stats.cache.bytes_from_source, n as u64);
         if n < len {
             // The source is shorter than the version we cache: it changed under us.
@@ -1411,14 +1596,21 @@ impl CachingFs {
             .as_ref()
             .or(state.fetch_src.as_ref())
             .ok_or(Errno::EIO)?;
-        let mut buf = vec![0u8; size as usize];
-        let n = read_full(src, &mut buf, offset).map_err(errno)?;
-        buf.truncate(n);
-        Stats::add(&self.stats.cache.bytes_from_source, n as u64);
+        let buf = self
+            .source
+            .with_fd(src.as_fd(), move |f| {
+                let mut buf = vec![0u8; size as usize];
+                let n = read_full(f, &mut buf, offset)?;
+                buf.truncate(n);
+                Ok(buf)
+            })
+            .map_err(errno)?;
+        Stats::add(&self.stats.cache.bytes_from_source, buf.len() as u64);
         Ok(buf)
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.changes_allowed()?;
         let h = self.handle(fh)?;
         let src = h
             .source
@@ -1428,13 +1620,17 @@ impl CachingFs {
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
         self.mark_written(state);
-        if let Err(e) = src.write_all_at(data, offset) {
+        let owned = data.to_vec();
+        let written = self
+            .source
+            .with_fd(src.as_fd(), move |f| f.write_all_at(&owned, offset));
+        if let Err(e) = written {
             // Part of the range may have reached the source: forget what we knew of it.
             self.drop_cached(state);
             return Err(errno(e));
         }
         Stats::add(&self.stats.cache.bytes_written, data.len() as u64);
-        let after = fstat(src.as_fd()).map_err(errno)?;
+        let after = self.source.fstat(src.as_fd()).map_err(errno)?;
         let end = offset + data.len() as u64;
         if state.files.is_some() {
             let files = state.files.as_ref().unwrap();
@@ -1498,12 +1694,15 @@ impl CachingFs {
         let h = self.handle(fh)?;
         let mut guard = h.inode.file();
         if let Some(src) = h.source.as_ref() {
-            let r = if datasync {
-                src.sync_data()
-            } else {
-                src.sync_all()
-            };
-            r.map_err(errno)?;
+            self.source
+                .with_fd(src.as_fd(), move |f| {
+                    if datasync {
+                        f.sync_data()
+                    } else {
+                        f.sync_all()
+                    }
+                })
+                .map_err(errno)?;
         }
         if let Some(state) = guard.as_mut() {
             self.checkpoint(state);
@@ -1536,6 +1735,7 @@ impl CachingFs {
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        self.changes_allowed()?;
         let h = self.handle(fh)?;
         let src = h.source.as_ref().ok_or(Errno::EBADF)?;
         let mut guard = h.inode.file();

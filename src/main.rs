@@ -33,6 +33,13 @@ fn main() {
                 .ok_or_else(|| anyhow::anyhow!("{kv:?}: expected KEY=VALUE"))?;
             hoardfs::control::request_set(&mountpoint, k, v)
         }),
+        Some(Command::Offline { mountpoint }) => {
+            hoardfs::control::request_set(&mountpoint, "online", "off")
+        }
+        Some(Command::Online { mountpoint }) => {
+            hoardfs::control::request_set(&mountpoint, "online", "on")
+        }
+        Some(Command::Warm { paths, pin, jobs }) => hoardfs::warm::warm(&paths, pin, jobs),
         Some(Command::Config {
             action: ConfigAction::Check { file },
         }) => match hoardfs::config_file::load(&file) {

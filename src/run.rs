@@ -192,6 +192,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         std::time::Duration::from_secs(300),
     )?;
     fs.watch_root();
+    fs.spawn_health_probe()?;
     crate::fs::spawn_coherence_threads(&fs)?;
     let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
     if let Some(listener) = metrics {

@@ -159,6 +159,8 @@ pub struct Snapshot {
     pub cleaner: crate::cleaner::CleanerSnapshot,
     #[serde(default)]
     pub coherence: crate::coherence::CoherenceSnapshot,
+    #[serde(default)]
+    pub health: crate::health::HealthSnapshot,
 }
 
 /// The inode table's size, counters and limits (`inode.rs`; the dynamic-vnodes paper's
@@ -233,7 +235,18 @@ impl Snapshot {
         use std::fmt::Write;
         let mut s = String::new();
         let _ = writeln!(s, "mount       {}", self.mountpoint);
-        let _ = writeln!(s, "source      {}", self.source);
+        let h = &self.health;
+        let state = if h.online {
+            "online".to_string()
+        } else {
+            format!(
+                "OFFLINE{} since {} ({})",
+                if h.manual { " (manual)" } else { "" },
+                h.since,
+                h.reason
+            )
+        };
+        let _ = writeln!(s, "source      {} — {state}", self.source);
         let _ = writeln!(s, "cache dir   {}", self.cache_dir);
         let _ = writeln!(
             s,
@@ -298,6 +311,25 @@ impl Snapshot {
             ("leases_active", h.leases_active),
             ("leases_granted", h.leases_granted),
             ("leases_expired", h.leases_expired),
+        ] {
+            let _ = writeln!(s, "  {name:<20} {n:>12}");
+        }
+        let h = &self.health;
+        let _ = writeln!(
+            s,
+            "\nsource health: timeout {}",
+            match h.timeout_ms {
+                0 => "none".to_string(),
+                ms => format!("{:.1}s", ms as f64 / 1000.0),
+            }
+        );
+        for (name, n) in [
+            ("went_offline", h.went_offline),
+            ("went_online", h.went_online),
+            ("timeouts", h.timeouts),
+            ("stuck_calls", h.stuck_calls),
+            ("probes", h.probes),
+            ("offline_requests", h.offline_requests),
         ] {
             let _ = writeln!(s, "  {name:<20} {n:>12}");
         }

@@ -6,8 +6,10 @@
 //! CACHE_DIR/lock          flock'ed by the one daemon that uses this cache
 //! CACHE_DIR/data/<path>   cached bytes at their source offsets (sparse where absent)
 //! CACHE_DIR/meta/<path>   the record of data/<path> (see record.rs)
+//! CACHE_DIR/dirs/<hash>   a directory's listing with attributes, for offline use (listing.rs)
 //! ```
 
+pub mod listing;
 pub mod record;
 pub mod store;
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::OFlags;
 
+use super::listing::{self, DirListing};
 use super::record::CacheRecord;
 use crate::source::{BeneathRoot, cvt};
 
@@ -23,6 +24,8 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct CacheStore {
     data: BeneathRoot,
     meta: BeneathRoot,
+    /// Directory listings for disconnected operation (`listing.rs`).
+    dirs: BeneathRoot,
     root: PathBuf,
     /// Held for the life of the store: one daemon per cache directory.
     _lock: File,
@@ -79,15 +82,21 @@ impl CacheStore {
                 root.display()
             );
         }
-        for sub in ["data", "meta"] {
+        for sub in ["data", "meta", "dirs"] {
             std::fs::create_dir_all(root.join(sub))?;
         }
         Ok(CacheStore {
             data: BeneathRoot::open(&root.join("data"))?,
             meta: BeneathRoot::open(&root.join("meta"))?,
+            dirs: BeneathRoot::open(&root.join("dirs"))?,
             root: root.to_path_buf(),
             _lock: lock,
         })
+    }
+
+    /// The data tree (the mirrored source names).
+    pub fn data_dir(&self) -> &BeneathRoot {
+        &self.data
     }
 
     pub fn root(&self) -> &Path {
@@ -124,6 +133,37 @@ impl CacheStore {
             meta: open(&self.meta)?,
             data: open(&self.data)?,
         })
+    }
+
+    /// Saves the listing of a directory, replacing the old one atomically.
+    pub fn save_listing(&self, listing: &DirListing) -> io::Result<()> {
+        let name = listing::file_name(&listing.path);
+        let tmp = PathBuf::from(format!("{name}.tmp"));
+        let fd = self
+            .dirs
+            .openat(&tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC, 0o600)?;
+        File::from(fd).write_all(&listing.encode())?;
+        self.dirs.rename(&tmp, Path::new(&name), 0)
+    }
+
+    /// The saved listing of directory `rel`, if there is a whole, valid one.
+    pub fn load_listing(&self, rel: &Path) -> Option<DirListing> {
+        let fd = self
+            .dirs
+            .openat(Path::new(&listing::file_name(rel)), OFlags::RDONLY, 0)
+            .ok()?;
+        let mut bytes = Vec::new();
+        File::from(fd).read_to_end(&mut bytes).ok()?;
+        DirListing::decode(&bytes).filter(|l| l.path == rel)
+    }
+
+    /// Forgets the listing of `rel` (its directory changed through the mount).
+    pub fn drop_listing(&self, rel: &Path) {
+        if let Err(e) = self.dirs.unlink(Path::new(&listing::file_name(rel)))
+            && e.raw_os_error() != Some(libc::ENOENT)
+        {
+            tracing::debug!(?rel, "cannot drop listing: {e}");
+        }
     }
 
     /// Removes whatever the cache holds for `rel` (file or directory subtree).

@@ -28,6 +28,7 @@ impl CachingFs {
             "watcher batch"
         );
         if batch.overflow {
+            tracing::warn!("source watcher lost events");
             self.invalidate_everything();
         }
         for dir in &batch.dirs {
@@ -109,8 +110,8 @@ impl CachingFs {
     }
 
     /// After lost events: the kernel drops everything it holds, open files revalidate.
-    fn invalidate_everything(&self) {
-        tracing::warn!("source watcher lost events: invalidating everything");
+    pub(super) fn invalidate_everything(&self) {
+        tracing::info!("invalidating everything the kernel holds");
         for inode in self.inodes.referenced() {
             self.coherence.notify(Notice::Inode(inode.id));
             if let Some(name) = inode.path().as_deref().and_then(|p| p.file_name()) {

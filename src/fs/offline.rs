@@ -1,0 +1,327 @@
+//! Disconnected operation: what the mount answers while the source is offline
+//! (`health.rs`), and the directory listings taken while online that make it possible.
+//!
+//! Offline, names and attributes come from the saved listings (`cache/listing.rs`), data
+//! from cache files whose records are whole and clean, symlink targets from the listings.
+//! Nothing offline ever discards cached data. What the cache does not hold fails at once:
+//! `EIO` for names in directories never listed and for data never fetched, `ENOENT` for
+//! names a complete listing does not have, `EROFS` for every change.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use fuser::{Errno, FileAttr, FileType};
+
+use super::{CachingFs, DirList, FileState, ListEntry, Result, attr_of, child, kind_of};
+use crate::cache::listing::{DirListing, ListedEntry};
+use crate::cache::store::read_record;
+use crate::inode::Inode;
+use crate::source::Stat;
+
+/// A saved listing is taken again after this long even if the directory looks unchanged:
+/// its entries' attributes change without touching the directory.
+const LISTING_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// Which directories have a current saved listing (so opendir need not rewrite it).
+#[derive(Default)]
+pub struct Listed {
+    taken: HashMap<PathBuf, (Stat, Instant)>,
+}
+
+impl CachingFs {
+    pub fn online(&self) -> bool {
+        self.source.health.online()
+    }
+
+    /// Refuses changes while offline.
+    pub(super) fn changes_allowed(&self) -> Result<()> {
+        if self.online() {
+            return Ok(());
+        }
+        self.source.health.offline_requests.fetch_add(1, Relaxed);
+        Err(Errno::EROFS)
+    }
+
+    fn offline_request(&self) {
+        self.source.health.offline_requests.fetch_add(1, Relaxed);
+    }
+
+    // ------------------------------------------------------------ taking listings online
+
+    /// Saves the listing of directory `path` (entries read by the caller) with every
+    /// entry's attributes, unless a current one is saved already.
+    pub(super) fn save_listing(&self, path: &Path, entries: &[crate::source::DirEntry]) {
+        let Ok(dir) = self.source.stat(path) else {
+            return;
+        };
+        {
+            let listed = self.listed.lock().unwrap();
+            if let Some((st, at)) = listed.taken.get(path)
+                && st.mtime == dir.mtime
+                && st.ctime == dir.ctime
+                && at.elapsed() < LISTING_MAX_AGE
+            {
+                return;
+            }
+        }
+        let names: Vec<&OsStr> = entries.iter().map(|e| e.name.as_os_str()).collect();
+        let Ok(stats) = self.source.stat_children(path, &names) else {
+            return;
+        };
+        let mut listed = Vec::with_capacity(entries.len());
+        for (e, st) in entries.iter().zip(stats) {
+            // An entry that vanished between readdir and stat is simply not listed; one
+            // we cannot stat for another reason makes the listing incomplete: none.
+            let st = match st {
+                Ok(st) => st,
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(_) => return,
+            };
+            let link = if st.file_type() == libc::S_IFLNK {
+                let Ok(p) = child(path, &e.name) else { return };
+                match self.source.readlink(&p) {
+                    Ok(l) => Some(l),
+                    Err(_) => return,
+                }
+            } else {
+                None
+            };
+            listed.push(ListedEntry {
+                name: e.name.clone(),
+                stat: st,
+                link,
+            });
+        }
+        let listing = DirListing {
+            path: path.to_path_buf(),
+            dir,
+            entries: listed,
+        };
+        match self.cache.save_listing(&listing) {
+            Ok(()) => {
+                self.listed
+                    .lock()
+                    .unwrap()
+                    .taken
+                    .insert(path.to_path_buf(), (dir, Instant::now()));
+            }
+            Err(e) => tracing::debug!(?path, "cannot save listing: {e}"),
+        }
+    }
+
+    /// Makes sure `dir` and its ancestors have saved listings, so that a file cached in
+    /// it can be reached offline. Each directory is listed once per daemon at most.
+    pub(super) fn ensure_listed(&self, dir: &Path) {
+        let mut d = Some(dir);
+        while let Some(p) = d {
+            let known = self.listed.lock().unwrap().taken.contains_key(p);
+            if !known {
+                if self.cache.load_listing(p).is_none()
+                    && let Ok(entries) = self.source.read_dir(p)
+                {
+                    self.save_listing(p, &entries);
+                } else if let Ok(st) = self.source.stat(p) {
+                    // Saved by an earlier daemon: good until the directory changes.
+                    self.listed
+                        .lock()
+                        .unwrap()
+                        .taken
+                        .insert(p.to_path_buf(), (st, Instant::now()));
+                }
+            }
+            d = if p.as_os_str().is_empty() {
+                None
+            } else {
+                Some(p.parent().unwrap_or(Path::new("")))
+            };
+        }
+    }
+
+    /// The directory `dir` changed through the mount: its saved listing is out of date.
+    pub(super) fn listing_changed(&self, dir: &Path) {
+        self.listed.lock().unwrap().taken.remove(dir);
+        self.cache.drop_listing(dir);
+    }
+
+    // ------------------------------------------------------------ answering offline
+
+    /// The saved listing of `dir` if it belongs to the directory `st` (a listing left
+    /// from an older directory of the same name is never used).
+    fn listing_for(&self, dir: &Path, st: Option<&Stat>) -> Result<DirListing> {
+        let l = self.cache.load_listing(dir).ok_or(Errno::EIO)?;
+        if let Some(st) = st
+            && (l.dir.dev, l.dir.ino) != (st.dev, st.ino)
+        {
+            return Err(Errno::EIO);
+        }
+        Ok(l)
+    }
+
+    /// The last known attributes of `path` (a directory's own come from its listing).
+    fn offline_stat(&self, path: &Path) -> Result<Stat> {
+        if path.as_os_str().is_empty() {
+            return Ok(self.listing_for(path, None)?.dir);
+        }
+        let parent = path.parent().unwrap_or(Path::new(""));
+        let name = path.file_name().ok_or(Errno::EIO)?;
+        let pl = self.listing_for(parent, None)?;
+        let mut st = pl.find(name).ok_or(Errno::ENOENT)?.stat;
+        if st.is_file() {
+            self.overlay_record(path, &mut st);
+        }
+        Ok(st)
+    }
+
+    /// A cached file's size and times as its (newer) clean record knows them.
+    fn overlay_record(&self, path: &Path, st: &mut Stat) {
+        if let Some(files) = self.cache.open_existing(path)
+            && let Ok(Some(Ok(rec))) = read_record(&files.meta)
+            && !rec.dirty
+            && (rec.identity.ino == 0 || rec.identity.ino == st.ino)
+        {
+            st.size = rec.identity.size;
+            st.mtime = rec.identity.mtime;
+            st.ctime = rec.identity.ctime;
+        }
+    }
+
+    pub(super) fn offline_lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
+        self.offline_request();
+        let dir = self.inode(parent)?;
+        let dir_path = dir.path().ok_or(Errno::ENOENT)?;
+        let path = child(&dir_path, name)?;
+        let st = self.offline_stat(&path)?;
+        let inode = self.inodes.lookup(parent, &path, &st);
+        Ok(attr_of(inode.id, &st))
+    }
+
+    pub(super) fn offline_getattr(&self, inode: &Inode) -> Result<FileAttr> {
+        self.offline_request();
+        if let Some(state) = inode.file().as_ref() {
+            // Open: what its state knows is newest.
+            let path = inode.path().ok_or(Errno::EIO)?;
+            let mut st = self.offline_stat(&path)?;
+            st.size = state.record.identity.size;
+            st.mtime = state.record.identity.mtime;
+            st.ctime = state.record.identity.ctime;
+            return Ok(attr_of(inode.id, &st));
+        }
+        let path = inode.path().ok_or(Errno::ENOENT)?;
+        Ok(attr_of(inode.id, &self.offline_stat(&path)?))
+    }
+
+    pub(super) fn offline_readlink(&self, inode: &Inode) -> Result<Vec<u8>> {
+        self.offline_request();
+        let path = inode.path().ok_or(Errno::ENOENT)?;
+        let parent = path.parent().unwrap_or(Path::new(""));
+        let name = path.file_name().ok_or(Errno::EINVAL)?;
+        let l = self.listing_for(parent, None)?;
+        let e = l.find(name).ok_or(Errno::ENOENT)?;
+        e.link.clone().ok_or(Errno::EINVAL)
+    }
+
+    /// The listing an offline opendir serves; `fd` is an `O_PATH` descriptor of the
+    /// directory's cache copy (for fstat of an open directory).
+    pub(super) fn offline_dir_list(&self, id: u64, path: &Path) -> Result<DirList> {
+        self.offline_request();
+        let own = self.offline_stat(path).inspect_err(|e| {
+            tracing::debug!(?path, "offline: no attributes for the directory: {e:?}")
+        })?;
+        let l = self.listing_for(path, Some(&own)).inspect_err(|e| {
+            tracing::debug!(?path, "offline: no listing of the directory: {e:?}")
+        })?;
+        let fd: OwnedFd = self
+            .cache
+            .data_dir()
+            .openat(
+                Path::new(""),
+                rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+                0,
+            )
+            .map_err(|_| Errno::EIO)?;
+        let mut entries = Vec::with_capacity(l.entries.len() + 2);
+        for name in [".", ".."] {
+            entries.push(ListEntry {
+                ino: id,
+                kind: FileType::Directory,
+                name: name.into(),
+            });
+        }
+        for e in &l.entries {
+            entries.push(ListEntry {
+                ino: e.stat.ino,
+                kind: kind_of(e.stat.mode),
+                name: e.name.clone(),
+            });
+        }
+        Ok(DirList {
+            dir_id: id,
+            path: path.to_path_buf(),
+            fd,
+            entries,
+        })
+    }
+
+    /// Attributes for an offline readdirplus batch, from the listing.
+    pub(super) fn offline_readdirplus_attrs(
+        &self,
+        list: &DirList,
+        from: usize,
+        max: usize,
+    ) -> Vec<Option<FileAttr>> {
+        let listing = self.cache.load_listing(&list.path);
+        list.entries
+            .iter()
+            .skip(from)
+            .take(max)
+            .map(|e| {
+                if e.name == "." || e.name == ".." {
+                    let st = self.offline_stat(&list.path).ok()?;
+                    return Some(attr_of(list.dir_id, &st));
+                }
+                let mut st = listing.as_ref()?.find(&e.name)?.stat;
+                let path = child(&list.path, &e.name).ok()?;
+                if st.is_file() {
+                    self.overlay_record(&path, &mut st);
+                }
+                let inode = self.inodes.lookup(list.dir_id, &path, &st);
+                Some(attr_of(inode.id, &st))
+            })
+            .collect()
+    }
+
+    /// The cache state of a file opened offline: its record as saved, never reset (a
+    /// record that is not clean and whole for some chunks just makes those reads fail).
+    pub(super) fn offline_state(&self, inode: &std::sync::Arc<Inode>, path: &Path) -> FileState {
+        let st = self.offline_stat(path).ok();
+        let identity = st.map(|st| self.identity(&st)).unwrap_or_default();
+        let mut state = self.empty_state(identity);
+        self.loaded.lock().unwrap().insert(inode.id, inode.clone());
+        if let Some(files) = self.cache.open_existing(path)
+            && let Ok(Some(Ok(rec))) = read_record(&files.meta)
+            && !rec.dirty
+            && files
+                .data
+                .metadata()
+                .is_ok_and(|m| m.len() == rec.identity.size)
+        {
+            state.record = rec;
+            state.files = Some(files);
+        }
+        state
+    }
+
+    pub(super) fn offline_statfs(&self) -> Result<libc::statvfs> {
+        self.offline_request();
+        let fd = self.cache.data_dir().root_fd();
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatvfs(std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd()), &mut st) } != 0 {
+            return Err(Errno::EIO);
+        }
+        Ok(st)
+    }
+}

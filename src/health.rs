@@ -1,0 +1,622 @@
+//! Source health: timeouts on source calls and the switch between connected and
+//! disconnected operation (Coda's disconnected mode, xCachefs' DISCONNECTED ioctl).
+//!
+//! Every call to the source goes through [`GuardedSource`]. With a timeout configured, the
+//! call runs on a small pool of source workers and the request waits at most that long: a
+//! hung source (a stopped SSHFS server) then costs a stuck worker, never a stuck FUSE
+//! request thread, and requests the cache can serve keep being served. A timeout, or an
+//! error meaning "unreachable" confirmed by a probe of the source root, switches the mount
+//! offline; a background probe switches it back when the source answers again. While
+//! offline no call reaches the source: `fs.rs` serves what the cache holds and answers the
+//! rest promptly (`EIO` for data and names it does not have, `EROFS` for changes).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::source::{BeneathRoot, Stat};
+
+/// Source workers when calls run with a timeout: as many hung calls as this can be
+/// outstanding before new calls time out in the queue.
+const WORKERS: usize = 16;
+/// How often the probe checks an offline source (and an online one, for vanished mounts).
+const PROBE_OFFLINE: Duration = Duration::from_secs(1);
+const PROBE_ONLINE: Duration = Duration::from_secs(5);
+
+/// The errno of calls refused because the mount is offline.
+pub const OFFLINE: i32 = libc::EIO;
+
+/// Errors that may mean the source is unreachable rather than that one object is wrong;
+/// a probe of the root decides.
+fn may_mean_unreachable(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENOTCONN
+                | libc::ETIMEDOUT
+                | libc::ECONNABORTED
+                | libc::ECONNRESET
+                | libc::ECONNREFUSED
+                | libc::EHOSTUNREACH
+                | libc::EHOSTDOWN
+                | libc::ENETUNREACH
+                | libc::ENETDOWN
+                | libc::ESHUTDOWN
+                | libc::ESTALE
+                | libc::EIO
+                | libc::ENODEV
+        )
+    )
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct HealthSnapshot {
+    pub online: bool,
+    /// Offline by `hoardfs offline` (the probe does not switch it back).
+    pub manual: bool,
+    /// Why and since when (seconds since the epoch) the mount is offline.
+    pub reason: String,
+    pub since: u64,
+    /// Source call timeout in ms; 0: none (calls run on the request thread).
+    pub timeout_ms: u64,
+    pub went_offline: u64,
+    pub went_online: u64,
+    pub timeouts: u64,
+    /// Source calls now running past their timeout.
+    pub stuck_calls: u64,
+    pub probes: u64,
+    /// Requests answered from the cache, or refused, because the mount was offline.
+    pub offline_requests: u64,
+}
+
+#[derive(Default)]
+struct State {
+    manual: bool,
+    reason: String,
+    since: Option<SystemTime>,
+}
+
+/// What runs after every switch, with the new state.
+type SwitchHook = Box<dyn Fn(bool) + Send + Sync>;
+
+/// The mount's connection state.
+pub struct Health {
+    offline: AtomicBool,
+    state: Mutex<State>,
+    timeout_ms: AtomicU64,
+    went_offline: AtomicU64,
+    went_online: AtomicU64,
+    timeouts: AtomicU64,
+    stuck: AtomicUsize,
+    probes: AtomicU64,
+    pub offline_requests: AtomicU64,
+    /// Called with the new state after every switch (from the switching thread).
+    on_switch: Mutex<Option<SwitchHook>>,
+}
+
+impl Health {
+    pub fn new(timeout: Option<Duration>, start_offline: bool) -> Health {
+        let h = Health {
+            offline: AtomicBool::new(false),
+            state: Mutex::default(),
+            timeout_ms: AtomicU64::new(timeout.map_or(0, |t| t.as_millis().max(1) as u64)),
+            went_offline: AtomicU64::new(0),
+            went_online: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            stuck: AtomicUsize::new(0),
+            probes: AtomicU64::new(0),
+            offline_requests: AtomicU64::new(0),
+            on_switch: Mutex::new(None),
+        };
+        if start_offline {
+            h.go_offline("started offline", true);
+        }
+        h
+    }
+
+    pub fn set_on_switch(&self, f: impl Fn(bool) + Send + Sync + 'static) {
+        *self.on_switch.lock().unwrap() = Some(Box::new(f));
+    }
+
+    pub fn online(&self) -> bool {
+        !self.offline.load(Relaxed)
+    }
+
+    pub fn timeout(&self) -> Option<Duration> {
+        match self.timeout_ms.load(Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    pub fn set_timeout(&self, t: Option<Duration>) {
+        self.timeout_ms
+            .store(t.map_or(0, |t| t.as_millis().max(1) as u64), Relaxed);
+    }
+
+    /// Switches offline; `manual` pins the state until `go_online(true)`.
+    pub fn go_offline(&self, reason: &str, manual: bool) {
+        let mut st = self.state.lock().unwrap();
+        st.manual |= manual;
+        if self.offline.swap(true, Relaxed) {
+            return;
+        }
+        st.reason = reason.to_string();
+        st.since = Some(SystemTime::now());
+        drop(st);
+        self.went_offline.fetch_add(1, Relaxed);
+        tracing::warn!("source offline: {reason}; serving what the cache holds");
+        self.switched(false);
+    }
+
+    /// Switches online. The probe (`manual` false) does not undo a manual switch.
+    pub fn go_online(&self, manual: bool) {
+        let mut st = self.state.lock().unwrap();
+        if st.manual && !manual {
+            return;
+        }
+        st.manual = false;
+        if !self.offline.swap(false, Relaxed) {
+            return;
+        }
+        st.reason.clear();
+        st.since = None;
+        drop(st);
+        self.went_online.fetch_add(1, Relaxed);
+        tracing::info!("source online again");
+        self.switched(true);
+    }
+
+    fn switched(&self, online: bool) {
+        if let Some(f) = self.on_switch.lock().unwrap().as_ref() {
+            f(online);
+        }
+    }
+
+    pub fn snapshot(&self) -> HealthSnapshot {
+        let st = self.state.lock().unwrap();
+        HealthSnapshot {
+            online: self.online(),
+            manual: st.manual,
+            reason: st.reason.clone(),
+            since: st
+                .since
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs()),
+            timeout_ms: self.timeout_ms.load(Relaxed),
+            went_offline: self.went_offline.load(Relaxed),
+            went_online: self.went_online.load(Relaxed),
+            timeouts: self.timeouts.load(Relaxed),
+            stuck_calls: self.stuck.load(Relaxed) as u64,
+            probes: self.probes.load(Relaxed),
+            offline_requests: self.offline_requests.load(Relaxed),
+        }
+    }
+
+    /// Waits until the next probe is due.
+    fn wait_probe(&self) {
+        std::thread::sleep(if self.online() {
+            PROBE_ONLINE
+        } else {
+            PROBE_OFFLINE
+        });
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The source, reached only through calls that honour the mount's health: refused while
+/// offline, bounded by the timeout when one is set.
+pub struct GuardedSource {
+    /// Replaced when a network or FUSE source is mounted anew after a failure: the old
+    /// descriptor then leads to a dead connection forever.
+    root: std::sync::RwLock<Arc<BeneathRoot>>,
+    /// The source's path, and the (dev, ino) and file system type it led to.
+    path: PathBuf,
+    root_id: Mutex<(u64, u64)>,
+    fs_type: i64,
+    remote: bool,
+    pub health: Arc<Health>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+impl GuardedSource {
+    pub fn new(root: BeneathRoot, path: &Path, health: Arc<Health>) -> io::Result<GuardedSource> {
+        let st = crate::source::fstat(root.root_fd())?;
+        let fs_type = rustix::fs::fstatfs(root.root_fd())?.f_type;
+        let remote = crate::coherence::is_remote(root.root_fd());
+        Ok(GuardedSource {
+            root: std::sync::RwLock::new(Arc::new(root)),
+            path: path.to_path_buf(),
+            root_id: Mutex::new((st.dev, st.ino)),
+            fs_type,
+            remote,
+            health,
+            jobs: Mutex::new(None),
+        })
+    }
+
+    fn root(&self) -> Arc<BeneathRoot> {
+        self.root.read().unwrap().clone()
+    }
+
+    fn submit(&self, job: Job) {
+        let mut jobs = self.jobs.lock().unwrap();
+        let tx = jobs.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..WORKERS {
+                let rx = rx.clone();
+                let _ = std::thread::Builder::new()
+                    .name(format!("source-{i}"))
+                    .spawn(move || {
+                        loop {
+                            let job = match rx.lock().unwrap().recv() {
+                                Ok(j) => j,
+                                Err(_) => return,
+                            };
+                            job();
+                        }
+                    });
+            }
+            tx
+        });
+        let _ = tx.send(job);
+    }
+
+    /// Runs `f` against the source: inline without a timeout, else on a source worker,
+    /// waiting at most the timeout. A call that times out before it started never runs.
+    pub fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&BeneathRoot) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        if !self.health.online() {
+            self.health.offline_requests.fetch_add(1, Relaxed);
+            return Err(io::Error::from_raw_os_error(OFFLINE));
+        }
+        let r = self.call_anyway(f);
+        if let Err(e) = &r {
+            self.failed(e);
+        }
+        r
+    }
+
+    /// A call failed: if the error may mean the source is gone, ask the source itself at
+    /// once, so that this very request can already be answered from the cache.
+    fn failed(&self, e: &io::Error) {
+        if may_mean_unreachable(e)
+            && self.health.online()
+            && let Err(why) = self.probe()
+        {
+            self.health
+                .go_offline(&format!("{e}; source probe: {why}"), false);
+        }
+    }
+
+    /// Like `call`, even while offline (the probe).
+    fn call_anyway<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&BeneathRoot) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let Some(timeout) = self.health.timeout() else {
+            return f(&self.root());
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let (root, health, gone) = (self.root(), self.health.clone(), abandoned.clone());
+        self.submit(Box::new(move || {
+            if gone.load(Relaxed) {
+                return; // timed out in the queue: never started, never will
+            }
+            let r = f(&root);
+            if gone.load(Relaxed) {
+                health.stuck.fetch_sub(1, Relaxed);
+            }
+            let _ = tx.send(r);
+        }));
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(_) => {
+                if !abandoned.swap(true, Relaxed) {
+                    self.health.stuck.fetch_add(1, Relaxed);
+                }
+                self.health.timeouts.fetch_add(1, Relaxed);
+                self.health
+                    .go_offline(&format!("a source call took over {timeout:?}"), false);
+                Err(io::Error::from_raw_os_error(libc::ETIMEDOUT))
+            }
+        }
+    }
+
+    /// Checks that the source answers and that its path still leads to the directory
+    /// mounted at start (a lazily unmounted or replaced source does not). A network or
+    /// FUSE source mounted anew at its path (a restarted sshfs) is taken up again.
+    fn probe(&self) -> io::Result<()> {
+        self.health.probes.fetch_add(1, Relaxed);
+        let path = self.path.clone();
+        let now: (u64, u64, i64) = self.call_anyway(move |_| {
+            let m = std::fs::symlink_metadata(&path)?;
+            use std::os::unix::fs::MetadataExt;
+            if !m.is_dir() {
+                return Err(io::Error::other("the source path is not a directory"));
+            }
+            let t = rustix::fs::statfs(&path)?.f_type;
+            Ok((m.dev(), m.ino(), t))
+        })?;
+        let root_id = *self.root_id.lock().unwrap();
+        let through_root = self.call_anyway(|r| r.stat(Path::new("")));
+        match through_root {
+            Ok(st) if (st.dev, st.ino) == root_id && (now.0, now.1) == root_id => Ok(()),
+            _ if self.remote && now.2 == self.fs_type && (now.0, now.1) != root_id => {
+                let path = self.path.clone();
+                let fresh = self.call_anyway(move |_| BeneathRoot::open(&path))?;
+                tracing::info!(
+                    "the source was mounted anew at {}: using it",
+                    self.path.display()
+                );
+                *self.root.write().unwrap() = Arc::new(fresh);
+                *self.root_id.lock().unwrap() = (now.0, now.1);
+                Ok(())
+            }
+            Ok(_) => Err(io::Error::other(
+                "the source path no longer leads to the mounted source",
+            )),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Starts the probe thread: offline mounts come back when the source answers; online ones
+/// go offline when it does not (or its path now leads elsewhere).
+pub fn spawn_probe(src: Arc<GuardedSource>) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("source-probe".into())
+        .spawn(move || {
+            loop {
+                src.health.wait_probe();
+                match src.probe() {
+                    Ok(()) => src.health.go_online(false),
+                    Err(e) => {
+                        if src.health.online() {
+                            src.health
+                                .go_offline(&format!("source probe failed: {e}"), false);
+                        }
+                    }
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// The source calls `fs.rs` makes, each guarded (`GuardedSource::call`). Arguments are
+/// copied into the call, which may run on a source worker.
+impl GuardedSource {
+    pub fn stat(&self, rel: &Path) -> io::Result<Stat> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.stat(&rel))
+    }
+
+    pub fn stat_children(
+        &self,
+        dir: &Path,
+        names: &[&std::ffi::OsStr],
+    ) -> io::Result<Vec<io::Result<Stat>>> {
+        let dir = dir.to_path_buf();
+        let names: Vec<std::ffi::OsString> = names.iter().map(|n| n.to_os_string()).collect();
+        self.call(move |r| {
+            let names: Vec<&std::ffi::OsStr> = names.iter().map(|n| n.as_os_str()).collect();
+            r.stat_children(&dir, &names)
+        })
+    }
+
+    pub fn openat(
+        &self,
+        rel: &Path,
+        flags: rustix::fs::OFlags,
+        mode: u32,
+    ) -> io::Result<std::os::fd::OwnedFd> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.openat(&rel, flags, mode))
+    }
+
+    pub fn dir(&self, rel: &Path) -> io::Result<std::os::fd::OwnedFd> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.dir(&rel))
+    }
+
+    pub fn open_file(&self, rel: &Path, flags: i32) -> io::Result<std::fs::File> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.open_file(&rel, flags))
+    }
+
+    pub fn create_file(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<std::fs::File> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.create_file(&rel, flags, mode))
+    }
+
+    pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.mkdir(&rel, mode))
+    }
+
+    pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.mknod(&rel, mode, rdev))
+    }
+
+    pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
+        let (target, rel) = (target.to_path_buf(), rel.to_path_buf());
+        self.call(move |r| r.symlink(&target, &rel))
+    }
+
+    pub fn readlink(&self, rel: &Path) -> io::Result<Vec<u8>> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.readlink(&rel))
+    }
+
+    pub fn unlink(&self, rel: &Path) -> io::Result<()> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.unlink(&rel))
+    }
+
+    pub fn rmdir(&self, rel: &Path) -> io::Result<()> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.rmdir(&rel))
+    }
+
+    pub fn rename(&self, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+        let (from, to) = (from.to_path_buf(), to.to_path_buf());
+        self.call(move |r| r.rename(&from, &to, flags))
+    }
+
+    pub fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (from, to) = (from.to_path_buf(), to.to_path_buf());
+        self.call(move |r| r.link(&from, &to))
+    }
+
+    pub fn set_attr(
+        &self,
+        rel: Option<&Path>,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+        attr: &crate::source::SetAttr,
+    ) -> io::Result<()> {
+        let rel = rel.map(Path::to_path_buf);
+        let fd = fd.map(crate::source::dup_file).transpose()?;
+        let attr = *attr;
+        self.call(move |r| {
+            use std::os::fd::AsFd;
+            r.set_attr(rel.as_deref(), fd.as_ref().map(|f| f.as_fd()), &attr)
+        })
+    }
+
+    pub fn chown_new(&self, rel: &Path, uid: u32, gid: Option<u32>) -> io::Result<()> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.chown_new(&rel, uid, gid))
+    }
+
+    pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<crate::source::DirEntry>> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.read_dir(&rel))
+    }
+
+    pub fn getxattr(&self, rel: &Path, name: &std::ffi::OsStr, size: usize) -> io::Result<Vec<u8>> {
+        let (rel, name) = (rel.to_path_buf(), name.to_os_string());
+        self.call(move |r| r.getxattr(&rel, &name, size))
+    }
+
+    pub fn listxattr(&self, rel: &Path, size: usize) -> io::Result<Vec<u8>> {
+        let rel = rel.to_path_buf();
+        self.call(move |r| r.listxattr(&rel, size))
+    }
+
+    pub fn setxattr(
+        &self,
+        rel: &Path,
+        name: &std::ffi::OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> io::Result<()> {
+        let (rel, name, value) = (rel.to_path_buf(), name.to_os_string(), value.to_vec());
+        self.call(move |r| r.setxattr(&rel, &name, &value, flags))
+    }
+
+    pub fn removexattr(&self, rel: &Path, name: &std::ffi::OsStr) -> io::Result<()> {
+        let (rel, name) = (rel.to_path_buf(), name.to_os_string());
+        self.call(move |r| r.removexattr(&rel, &name))
+    }
+
+    pub fn statvfs(&self) -> io::Result<libc::statvfs> {
+        self.call(|r| r.statvfs())
+    }
+
+    /// `fstat` of a source descriptor.
+    pub fn fstat(&self, fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Stat> {
+        self.with_fd(fd, |f| {
+            use std::os::fd::AsFd;
+            crate::source::fstat(f.as_fd())
+        })
+    }
+
+    /// Runs `f` on a source descriptor, guarded like every other source call; the
+    /// descriptor is duplicated only when the call runs on a worker.
+    pub fn with_fd<T: Send + 'static>(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        f: impl FnOnce(&std::fs::File) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        if self.health.online() && self.health.timeout().is_none() {
+            let file = std::mem::ManuallyDrop::new(unsafe {
+                use std::os::fd::{AsRawFd, FromRawFd};
+                std::fs::File::from_raw_fd(fd.as_raw_fd())
+            });
+            let r = f(&file);
+            if let Err(e) = &r {
+                self.failed(e);
+            }
+            return r;
+        }
+        let file = crate::source::dup_file(fd)?;
+        self.call(move |_| f(&file))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Condvar;
+
+    #[test]
+    fn manual_offline_sticks_until_manual_online() {
+        let h = Health::new(None, false);
+        assert!(h.online());
+        h.go_offline("test", true);
+        h.go_online(false);
+        assert!(!h.online(), "the probe must not undo a manual switch");
+        h.go_online(true);
+        assert!(h.online());
+        let s = h.snapshot();
+        assert_eq!((s.went_offline, s.went_online), (1, 1));
+    }
+
+    #[test]
+    fn a_hung_call_times_out_and_switches_offline() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Arc::new(Health::new(Some(Duration::from_millis(50)), false));
+        let src = GuardedSource::new(
+            BeneathRoot::open(dir.path()).unwrap(),
+            dir.path(),
+            h.clone(),
+        )
+        .unwrap();
+        let release = Arc::new((Mutex::new(false), Condvar::new()));
+        let r2 = release.clone();
+        let err = src
+            .call(move |_| {
+                let (m, cv) = &*r2;
+                let mut go = m.lock().unwrap();
+                while !*go {
+                    go = cv.wait(go).unwrap();
+                }
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ETIMEDOUT));
+        assert!(!h.online());
+        assert_eq!(h.snapshot().stuck_calls, 1);
+        // Offline: refused at once, without touching the source.
+        let e = src.call(|r| r.stat(Path::new(""))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(OFFLINE));
+        let (m, cv) = &*release;
+        *m.lock().unwrap() = true;
+        cv.notify_all();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(h.snapshot().stuck_calls, 0);
+        h.go_online(false);
+        assert!(src.call(|r| r.stat(Path::new(""))).is_ok());
+    }
+}
