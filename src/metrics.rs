@@ -360,6 +360,41 @@ pub fn render(snap: &Snapshot, stats: &Stats) -> String {
     ] {
         o.one(name, kind, help, v);
     }
+    let hs = &snap.health;
+    for (name, kind, help, v) in [
+        (
+            "hoardfs_source_online",
+            "gauge",
+            "1 while the source answers; 0 in disconnected mode.",
+            hs.online as u64,
+        ),
+        (
+            "hoardfs_source_timeouts_total",
+            "counter",
+            "Source calls that ran past the source timeout.",
+            hs.timeouts,
+        ),
+        (
+            "hoardfs_source_stuck_calls",
+            "gauge",
+            "Source calls still running past their timeout.",
+            hs.stuck_calls,
+        ),
+        (
+            "hoardfs_offline_switches_total",
+            "counter",
+            "Switches to disconnected mode.",
+            hs.went_offline,
+        ),
+        (
+            "hoardfs_offline_requests_total",
+            "counter",
+            "Requests answered from the cache, or refused, while offline.",
+            hs.offline_requests,
+        ),
+    ] {
+        o.one(name, kind, help, v);
+    }
     let h = &snap.coherence;
     for (name, kind, help, v) in [
         (

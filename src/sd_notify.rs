@@ -56,7 +56,12 @@ pub fn status_line(s: &crate::stats::Snapshot) -> String {
     let c = &s.cache;
     let opens = c.open_hits + c.open_misses;
     format!(
-        "cache {} in {} files (limit {}); opens {} ({} hits); from source {}, from cache {}",
+        "{}; cache {} in {} files (limit {}); opens {} ({} hits); from source {}, from cache {}",
+        if s.health.online {
+            "online"
+        } else {
+            "OFFLINE"
+        },
         human(s.cache_bytes),
         s.cache_files,
         human(s.cleaner.limit_bytes),
@@ -115,7 +120,7 @@ mod tests {
         s.cache.open_hits = 5;
         s.cache.open_misses = 1;
         let line = status_line(&s);
-        assert!(line.starts_with("cache 3.0 MiB in 2 files"), "{line}");
+        assert!(line.contains("cache 3.0 MiB in 2 files"), "{line}");
         assert!(line.contains("opens 6 (5 hits)"), "{line}");
         assert!(!line.contains('\n'));
     }
