@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -26,10 +27,38 @@ use crate::source::Stat;
 /// its entries' attributes change without touching the directory.
 const LISTING_MAX_AGE: Duration = Duration::from_secs(60);
 
-/// Which directories have a current saved listing (so opendir need not rewrite it).
+/// Which directories have a current saved listing (so opendir need not rewrite it), and
+/// the listings decoded for offline use: a walk asks for the same directory once per
+/// entry, and decoding a big listing each time would make offline lookups crawl.
 #[derive(Default)]
 pub struct Listed {
     taken: HashMap<PathBuf, (Stat, Instant)>,
+    loaded: HashMap<PathBuf, Arc<Indexed>>,
+}
+
+/// Decoded listings kept in memory at most.
+const LOADED_MAX: usize = 256;
+
+/// A decoded listing with its names indexed.
+pub struct Indexed {
+    pub listing: DirListing,
+    by_name: HashMap<std::ffi::OsString, usize>,
+}
+
+impl Indexed {
+    fn new(listing: DirListing) -> Indexed {
+        let by_name = listing
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.name.clone(), i))
+            .collect();
+        Indexed { listing, by_name }
+    }
+
+    pub fn find(&self, name: &OsStr) -> Option<&ListedEntry> {
+        self.by_name.get(name).map(|i| &self.listing.entries[*i])
+    }
 }
 
 impl CachingFs {
@@ -103,9 +132,9 @@ impl CachingFs {
         };
         match self.cache.save_listing(&listing) {
             Ok(()) => {
-                self.listed
-                    .lock()
-                    .unwrap()
+                let mut listed = self.listed.lock().unwrap();
+                listed.loaded.remove(path);
+                listed
                     .taken
                     .insert(path.to_path_buf(), (dir, Instant::now()));
             }
@@ -143,18 +172,39 @@ impl CachingFs {
 
     /// The directory `dir` changed through the mount: its saved listing is out of date.
     pub(super) fn listing_changed(&self, dir: &Path) {
-        self.listed.lock().unwrap().taken.remove(dir);
+        {
+            let mut listed = self.listed.lock().unwrap();
+            listed.taken.remove(dir);
+            listed.loaded.remove(dir);
+        }
         self.cache.drop_listing(dir);
+    }
+
+    /// The saved listing of `dir`, decoded once and kept while offline lookups use it.
+    fn loaded_listing(&self, dir: &Path) -> Option<Arc<Indexed>> {
+        if let Some(l) = self.listed.lock().unwrap().loaded.get(dir) {
+            return Some(l.clone());
+        }
+        let l = Arc::new(Indexed::new(self.cache.load_listing(dir)?));
+        let mut listed = self.listed.lock().unwrap();
+        if listed.loaded.len() >= LOADED_MAX {
+            // Any one: directories are walked one after another.
+            if let Some(k) = listed.loaded.keys().next().cloned() {
+                listed.loaded.remove(&k);
+            }
+        }
+        listed.loaded.insert(dir.to_path_buf(), l.clone());
+        Some(l)
     }
 
     // ------------------------------------------------------------ answering offline
 
     /// The saved listing of `dir` if it belongs to the directory `st` (a listing left
     /// from an older directory of the same name is never used).
-    fn listing_for(&self, dir: &Path, st: Option<&Stat>) -> Result<DirListing> {
-        let l = self.cache.load_listing(dir).ok_or(Errno::EIO)?;
+    fn listing_for(&self, dir: &Path, st: Option<&Stat>) -> Result<Arc<Indexed>> {
+        let l = self.loaded_listing(dir).ok_or(Errno::EIO)?;
         if let Some(st) = st
-            && (l.dir.dev, l.dir.ino) != (st.dev, st.ino)
+            && (l.listing.dir.dev, l.listing.dir.ino) != (st.dev, st.ino)
         {
             return Err(Errno::EIO);
         }
@@ -164,7 +214,7 @@ impl CachingFs {
     /// The last known attributes of `path` (a directory's own come from its listing).
     fn offline_stat(&self, path: &Path) -> Result<Stat> {
         if path.as_os_str().is_empty() {
-            return Ok(self.listing_for(path, None)?.dir);
+            return Ok(self.listing_for(path, None)?.listing.dir);
         }
         let parent = path.parent().unwrap_or(Path::new(""));
         let name = path.file_name().ok_or(Errno::EIO)?;
@@ -243,7 +293,7 @@ impl CachingFs {
                 0,
             )
             .map_err(|_| Errno::EIO)?;
-        let mut entries = Vec::with_capacity(l.entries.len() + 2);
+        let mut entries = Vec::with_capacity(l.listing.entries.len() + 2);
         for name in [".", ".."] {
             entries.push(ListEntry {
                 ino: id,
@@ -251,7 +301,7 @@ impl CachingFs {
                 name: name.into(),
             });
         }
-        for e in &l.entries {
+        for e in &l.listing.entries {
             entries.push(ListEntry {
                 ino: e.stat.ino,
                 kind: kind_of(e.stat.mode),
@@ -273,7 +323,7 @@ impl CachingFs {
         from: usize,
         max: usize,
     ) -> Vec<Option<FileAttr>> {
-        let listing = self.cache.load_listing(&list.path);
+        let listing = self.loaded_listing(&list.path);
         list.entries
             .iter()
             .skip(from)
@@ -296,7 +346,7 @@ impl CachingFs {
 
     /// The cache state of a file opened offline: its record as saved, never reset (a
     /// record that is not clean and whole for some chunks just makes those reads fail).
-    pub(super) fn offline_state(&self, inode: &std::sync::Arc<Inode>, path: &Path) -> FileState {
+    pub(super) fn offline_state(&self, inode: &Arc<Inode>, path: &Path) -> FileState {
         let st = self.offline_stat(path).ok();
         let identity = st.map(|st| self.identity(&st)).unwrap_or_default();
         let mut state = self.empty_state(identity);
