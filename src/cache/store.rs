@@ -217,7 +217,8 @@ pub fn read_record(
     files: &CacheFiles,
 ) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
     let rec = read_record_unchecked(&files.meta)?;
-    if let Some(Ok(r)) = &rec {
+    // A dirty record is discarded anyway (and its data file was being written).
+    if let Some(Ok(r)) = rec.as_ref().filter(|r| matches!(r, Ok(r) if !r.dirty)) {
         let now = DataIdentity::of(&fstat(files.data.as_fd())?);
         if now != r.data {
             return Ok(Some(Err(super::record::RecordError::DataChanged)));
