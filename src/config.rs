@@ -173,6 +173,14 @@ impl Config {
                 "is the source itself".into(),
             ));
         }
+        // The mount would show up inside its own source: walking into it sends the daemon
+        // requests to itself, and a tree walk (find, du) wedges every request thread.
+        if m.starts_with(s) {
+            return Err(ConfigError::Mountpoint(
+                m.clone(),
+                format!("must not be inside the source {}", s.display()),
+            ));
+        }
         if !self.chunk_size.is_power_of_two() || self.chunk_size < 4096 {
             return Err(ConfigError::Invalid(format!(
                 "chunk size {} must be a power of two of at least 4 KiB",
