@@ -175,12 +175,8 @@ pub struct Pins {
 impl Pins {
     pub fn load(cache_root: &Path) -> std::io::Result<Pins> {
         let file = cache_root.join("pins");
-        let set = match std::fs::read_to_string(&file) {
-            Ok(s) => s
-                .lines()
-                .filter(|l| !l.is_empty())
-                .map(PathBuf::from)
-                .collect(),
+        let set = match std::fs::read(&file) {
+            Ok(bytes) => Self::parse(&bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
             Err(e) => return Err(e),
         };
@@ -188,6 +184,30 @@ impl Pins {
             file,
             set: Mutex::new(set),
         })
+    }
+
+    /// The pins in the bytes of a pins file: one path per line, as raw bytes (names need
+    /// not be UTF-8). Lines that are not a relative path of normal components (damaged or
+    /// edited by hand) are dropped.
+    pub fn parse(bytes: &[u8]) -> BTreeSet<PathBuf> {
+        use std::os::unix::ffi::OsStrExt;
+        bytes
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty() && !l.contains(&0))
+            .map(|l| PathBuf::from(std::ffi::OsStr::from_bytes(l)))
+            .filter(|p| crate::source::check_relative(p).is_ok())
+            .collect()
+    }
+
+    /// The bytes of a pins file holding `set`.
+    pub fn serialize<'a>(set: impl Iterator<Item = &'a PathBuf>) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut text = Vec::new();
+        for p in set {
+            text.extend_from_slice(p.as_os_str().as_bytes());
+            text.push(b'\n');
+        }
+        text
     }
 
     pub fn is_pinned(&self, rel: &Path) -> bool {
@@ -203,6 +223,14 @@ impl Pins {
 
     /// Adds or removes a pin and saves the list (write to a temporary file, then rename).
     pub fn set(&self, rel: &Path, pinned: bool) -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        if pinned && rel.as_os_str().as_bytes().contains(&b'\n') {
+            // One path per line: such a name cannot be stored.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "cannot pin a path with a newline in it",
+            ));
+        }
         let mut set = self.set.lock().unwrap();
         let changed = if pinned {
             set.insert(rel.to_path_buf())
@@ -210,11 +238,7 @@ impl Pins {
             set.remove(rel)
         };
         if changed {
-            let mut text = String::new();
-            for p in set.iter() {
-                text.push_str(&p.to_string_lossy());
-                text.push('\n');
-            }
+            let text = Self::serialize(set.iter());
             let tmp = self.file.with_extension("tmp");
             std::fs::write(&tmp, text)?;
             std::fs::File::open(&tmp)?.sync_all()?;

@@ -207,6 +207,14 @@ impl Config {
                 "is the source itself".into(),
             ));
         }
+        // The mount would show up inside its own source: walking into it sends the daemon
+        // requests to itself, and a tree walk (find, du) wedges every request thread.
+        if m.starts_with(s) {
+            return Err(ConfigError::Mountpoint(
+                m.clone(),
+                format!("must not be inside the source {}", s.display()),
+            ));
+        }
         self.check_values()?;
         Ok(self)
     }

@@ -820,13 +820,13 @@ impl CachingFs {
         let Some(files) = self.cache.open_existing(path) else {
             return;
         };
-        if let Ok(Some(Ok(mut rec))) = read_record(&files.meta)
+        if let Ok(Some(Ok(mut rec))) = read_record(&files)
             && !rec.dirty
             && rec.identity == self.identity(before)
             && before.size == after.size
         {
             rec.identity = self.identity(after);
-            let _ = write_record(&files.meta, &rec, false);
+            let _ = write_record(&files, &rec, false);
         }
     }
 
@@ -1365,7 +1365,7 @@ impl CachingFs {
         };
         let data_len = files.data.metadata().map(|m| m.len()).ok();
         let mut reset = true;
-        match read_record(&files.meta) {
+        match read_record(&files) {
             Ok(Some(Ok(rec))) if !new_file => {
                 let matches = !rec.dirty
                     && (rec.identity == identity || !self.stale_check())
@@ -1408,7 +1408,7 @@ impl CachingFs {
         state.unsynced = 0;
         state.written = false;
         let Some(files) = &state.files else { return };
-        let r = write_record(&files.meta, &state.record, true)
+        let r = write_record(files, &state.record, true)
             .and_then(|_| files.data.set_len(0))
             .and_then(|_| files.data.set_len(st.size));
         if let Err(e) = r {
@@ -1424,7 +1424,7 @@ impl CachingFs {
         let identity = state.record.identity;
         state.record = CacheRecord::empty(identity, state.record.chunk_size);
         if let Some(files) = &state.files
-            && write_record(&files.meta, &state.record, true).is_err()
+            && write_record(files, &state.record, true).is_err()
         {
             state.files = None;
         }
@@ -1441,7 +1441,7 @@ impl CachingFs {
         state.written = true;
         state.record.dirty = true;
         if let Some(files) = &state.files
-            && let Err(e) = write_record(&files.meta, &state.record, true)
+            && let Err(e) = write_record(files, &state.record, true)
         {
             tracing::warn!("cannot mark cache record dirty: {e}");
             Stats::add(&self.stats.cache.cache_errors, 1);
@@ -1460,7 +1460,7 @@ impl CachingFs {
         };
         let r = files.data.sync_data().and_then(|_| {
             state.record.dirty = false;
-            write_record(&files.meta, &state.record, true)
+            write_record(files, &state.record, true)
         });
         match r {
             Ok(()) => {
@@ -1479,7 +1479,7 @@ impl CachingFs {
 
     fn persist_record(&self, state: &mut FileState, durable: bool) {
         if let Some(files) = &state.files
-            && write_record(&files.meta, &state.record, durable).is_err()
+            && write_record(files, &state.record, durable).is_err()
         {
             Stats::add(&self.stats.cache.cache_errors, 1);
             state.files = None;
@@ -1969,7 +1969,7 @@ impl CachingFs {
         let Some(files) = self.cache.open_existing(rel) else {
             return 0;
         };
-        let Ok(Some(Ok(mut rec))) = read_record(&files.meta) else {
+        let Ok(Some(Ok(mut rec))) = read_record(&files) else {
             return 0;
         };
         let mut freed = 0;
@@ -1988,7 +1988,7 @@ impl CachingFs {
             let bytes = self.cache.data_bytes(rel);
             return self.cache.remove(rel).map(|_| bytes).unwrap_or(0);
         }
-        if write_record(&files.meta, &rec, true).is_err() {
+        if write_record(&files, &rec, true).is_err() {
             return 0;
         }
         for &c in chunks {
@@ -2005,6 +2005,9 @@ impl CachingFs {
                 )
             };
         }
+        // Punching moved the data file's ctime: vouch for the punched file (a crash before
+        // this only loses the file's cache, since the record no longer matches its data).
+        let _ = write_record(&files, &rec, false);
         freed
     }
 }

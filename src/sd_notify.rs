@@ -57,11 +57,7 @@ pub fn status_line(s: &crate::stats::Snapshot) -> String {
     let opens = c.open_hits + c.open_misses;
     format!(
         "{}; cache {} in {} files (limit {}); opens {} ({} hits); from source {}, from cache {}",
-        if s.health.online {
-            "online"
-        } else {
-            "OFFLINE"
-        },
+        if s.health.online { "online" } else { "OFFLINE" },
         human(s.cache_bytes),
         s.cache_files,
         human(s.cleaner.limit_bytes),

@@ -154,7 +154,7 @@ fn readiness_and_stopping_reach_notify_socket() {
         "{ready}"
     );
     assert!(
-        ready.lines().any(|l| l.starts_with("STATUS=cache ")),
+        ready.lines().any(|l| l.starts_with("STATUS=online; cache ")),
         "{ready}"
     );
     assert!(hoardfs::control::request_stats(&mnt).is_ok());

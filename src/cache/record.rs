@@ -7,17 +7,22 @@
 //! ```text
 //! magic "HOARDREC" | format u32 | flags u32 | ino u64 | size u64
 //! | mtime_s i64 | mtime_ns u32 | ctime_s i64 | ctime_ns u32
-//! | chunk_size u64 | last_used_ms u64 | nchunks u64 | bitmap ((nchunks+7)/8 bytes)
+//! | chunk_size u64 | last_used_ms u64 | data_ino u64 | data_ctime_s i64 | data_ctime_ns u32
+//! | nchunks u64 | bitmap ((nchunks+7)/8 bytes)
 //! | chunk_used (nchunks x u32: minutes since the epoch of each chunk's last read) | crc32 u32
 //! ```
 //! The crc covers every byte before it.
+//!
+//! `data_*` is the identity of the cache's own data file when the record was written
+//! (format 3): an edit of the data file behind hoardfs's back moves its ctime, which no
+//! user can set, so the record no longer vouches for it (`store::read_record`).
 
 use crate::source::Stat;
 
 const MAGIC: &[u8; 8] = b"HOARDREC";
 /// Bump whenever the layout changes; the golden-bytes test below forces it.
-pub const FORMAT: u32 = 2;
-const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4 + 8 + 8 + 8;
+pub const FORMAT: u32 = 3;
+const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 8 + 8;
 
 /// Set while writes are under way: the record's identity must not be trusted.
 const FLAG_DIRTY: u32 = 1;
@@ -42,6 +47,23 @@ impl SourceIdentity {
     }
 }
 
+/// The cache data file's own inode and ctime when its record was last written. Anything
+/// that changes the file's bytes or replaces it moves one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DataIdentity {
+    pub ino: u64,
+    pub ctime: (i64, u32),
+}
+
+impl DataIdentity {
+    pub fn of(st: &Stat) -> DataIdentity {
+        DataIdentity {
+            ino: st.ino,
+            ctime: st.ctime,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheRecord {
     pub identity: SourceIdentity,
@@ -50,6 +72,8 @@ pub struct CacheRecord {
     pub chunk_size: u64,
     /// Milliseconds since the epoch of the last open or close through the mount.
     pub last_used: u64,
+    /// The data file as it was when this record was written (set by `store::write_record`).
+    pub data: DataIdentity,
     /// One bit per chunk of `identity.size`.
     pub present: Vec<u8>,
     /// Per chunk, the minute (since the epoch) it was last read through the daemon: the
@@ -69,6 +93,8 @@ pub enum RecordError {
     Checksum,
     #[error("record is inconsistent")]
     Inconsistent,
+    #[error("cache data file changed behind the record")]
+    DataChanged,
 }
 
 pub fn chunk_count(size: u64, chunk_size: u64) -> u64 {
@@ -84,6 +110,7 @@ impl CacheRecord {
             dirty: false,
             chunk_size,
             last_used: 0,
+            data: DataIdentity::default(),
             present: vec![0; n.div_ceil(8) as usize],
             chunk_used: vec![0; n as usize],
         }
@@ -160,6 +187,9 @@ impl CacheRecord {
         b.extend_from_slice(&self.identity.ctime.1.to_le_bytes());
         b.extend_from_slice(&self.chunk_size.to_le_bytes());
         b.extend_from_slice(&self.last_used.to_le_bytes());
+        b.extend_from_slice(&self.data.ino.to_le_bytes());
+        b.extend_from_slice(&self.data.ctime.0.to_le_bytes());
+        b.extend_from_slice(&self.data.ctime.1.to_le_bytes());
         b.extend_from_slice(&self.nchunks().to_le_bytes());
         b.extend_from_slice(&self.present);
         for t in &self.chunk_used {
@@ -197,15 +227,29 @@ impl CacheRecord {
         };
         let chunk_size = u64_at(56);
         let last_used = u64_at(64);
-        let nchunks = u64_at(72);
-        let bitmap_len = nchunks.div_ceil(8) as usize;
+        let data = DataIdentity {
+            ino: u64_at(72),
+            ctime: (u64_at(80) as i64, u32_at(88)),
+        };
+        let nchunks = u64_at(92);
+        // Checked arithmetic: a crafted record with a valid checksum must not overflow.
+        let bitmap_len = nchunks.div_ceil(8);
+        let expected_body = nchunks
+            .checked_mul(4)
+            .and_then(|u| u.checked_add(bitmap_len));
         if chunk_size == 0
             || nchunks != chunk_count(identity.size, chunk_size)
-            || (body_len - HEADER_LEN) as u64 != bitmap_len as u64 + 4 * nchunks
+            || expected_body != Some((body_len - HEADER_LEN) as u64)
         {
             return Err(RecordError::Inconsistent);
         }
+        let bitmap_len = bitmap_len as usize;
         let used_at = HEADER_LEN + bitmap_len;
+        // Only canonical encodings are accepted: no unknown flags, no bits past the last chunk.
+        let spare_bits = (bitmap_len as u64 * 8 - nchunks) as u32;
+        if flags & !FLAG_DIRTY != 0 || (spare_bits > 0 && b[used_at - 1] >> (8 - spare_bits) != 0) {
+            return Err(RecordError::Inconsistent);
+        }
         let chunk_used = (0..nchunks as usize)
             .map(|i| u32_at(used_at + 4 * i))
             .collect();
@@ -214,6 +258,7 @@ impl CacheRecord {
             dirty: flags & FLAG_DIRTY != 0,
             chunk_size,
             last_used,
+            data,
             present: b[HEADER_LEN..used_at].to_vec(),
             chunk_used,
         })
@@ -235,13 +280,17 @@ mod tests {
     }
 
     /// The encoding of the record below, byte for byte.
-    const GOLDEN: &str = "484f41524452454302000000000000002a000000000000000a0000000000000000f15365000000007b00000001f1536500000000c801000004000000000000000700000000000000030000000000000002000000000000000000000000293e8f6d";
+    const GOLDEN: &str = "484f41524452454303000000000000002a000000000000000a0000000000000000f15365000000007b00000001f1536500000000c801000004000000000000000700000000000000090000000000000002f153650000000015030000030000000000000002000000000000000000000000a724a647";
 
     #[test]
     fn golden_bytes_force_a_format_bump() {
         let mut r = CacheRecord::empty(ident(10), 4);
         r.set_present(1, true);
         r.last_used = 7;
+        r.data = DataIdentity {
+            ino: 9,
+            ctime: (1_700_000_002, 789),
+        };
         let bytes = r.encode();
         // If this changes, bump FORMAT: old records must not be misread.
         assert_eq!(bytes.len(), HEADER_LEN + 1 + 3 * 4 + 4);

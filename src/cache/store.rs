@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use rustix::fs::OFlags;
 
 use super::listing::{self, DirListing};
-use super::record::CacheRecord;
-use crate::source::{BeneathRoot, cvt};
+use super::record::{CacheRecord, DataIdentity};
+use crate::source::{BeneathRoot, cvt, fstat};
 
 const FORMAT_LINE: &str = "hoardfs cache 1\n";
 
@@ -44,14 +44,18 @@ impl CacheStore {
         use anyhow::Context;
         std::fs::create_dir_all(root)
             .with_context(|| format!("cannot create cache directory {}", root.display()))?;
+        // The cache holds copies of files other users may not read, under their source
+        // names: only the daemon's user may enter it (whatever the umask made of it).
+        set_private(root)
+            .with_context(|| format!("cannot restrict cache directory {}", root.display()))?;
         let format_path = root.join("FORMAT");
-        match std::fs::read_to_string(&format_path) {
-            Ok(s) if s == FORMAT_LINE => {}
-            Ok(s) => anyhow::bail!(
-                "cache directory {} holds an unknown format ({:?}); use another --cache-dir or empty it",
-                root.display(),
-                s.trim()
-            ),
+        match std::fs::read(&format_path) {
+            Ok(s) => check_format(&s).map_err(|found| {
+                anyhow::anyhow!(
+                    "cache directory {} holds an unknown format ({found}); use another --cache-dir or empty it",
+                    root.display()
+                )
+            })?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let is_empty = std::fs::read_dir(root)?.next().is_none();
                 if !is_empty {
@@ -60,7 +64,12 @@ impl CacheStore {
                         root.display()
                     );
                 }
-                std::fs::write(&format_path, FORMAT_LINE)?;
+                // Written whole or not at all: a crash here must not leave a torn FORMAT
+                // that makes the next mount refuse the directory.
+                let tmp = root.join("FORMAT.tmp");
+                std::fs::write(&tmp, FORMAT_LINE)?;
+                File::open(&tmp)?.sync_all()?;
+                std::fs::rename(&tmp, &format_path)?;
             }
             Err(e) => return Err(e).context("cannot read the cache FORMAT file"),
         }
@@ -82,8 +91,11 @@ impl CacheStore {
                 root.display()
             );
         }
+        // A FORMAT.tmp left by a crash of a first mount.
+        let _ = std::fs::remove_file(root.join("FORMAT.tmp"));
         for sub in ["data", "meta", "dirs"] {
             std::fs::create_dir_all(root.join(sub))?;
+            set_private(&root.join(sub))?;
         }
         Ok(CacheStore {
             data: BeneathRoot::open(&root.join("data"))?,
@@ -175,6 +187,17 @@ impl CacheStore {
     /// Mirrors a rename of the source. On any failure both names are dropped from the cache,
     /// which is always safe.
     pub fn rename(&self, from: &Path, to: &Path, flags: u32) {
+        // rename moves the data file's ctime: records that vouched for their data before
+        // the rename are rewritten to vouch for it after.
+        let valid_before = |rel: &Path| {
+            self.open_existing(rel)
+                .is_some_and(|f| matches!(read_record(&f), Ok(Some(Ok(_)))))
+        };
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let keep = [
+            (valid_before(from), to),
+            (exchange && valid_before(to), from),
+        ];
         let result = (|| -> io::Result<()> {
             for tree in [&self.meta, &self.data] {
                 if let Some(parent) = to.parent() {
@@ -198,6 +221,15 @@ impl CacheStore {
             tracing::warn!(?from, ?to, "cache rename failed ({e}); dropping both names");
             let _ = self.remove(from);
             let _ = self.remove(to);
+            return;
+        }
+        for (valid, now_at) in keep {
+            if let (true, Some(files)) = (valid, self.open_existing(now_at))
+                && let Ok(Some(Ok(rec))) = read_record_unchecked(&files.meta)
+                && write_record(&files, &rec, false).is_err()
+            {
+                let _ = self.remove(now_at);
+            }
         }
     }
 
@@ -207,9 +239,46 @@ impl CacheStore {
     }
 }
 
+/// The first line of a valid `FORMAT` file's bytes; `Err` names what was found instead.
+pub fn check_format(bytes: &[u8]) -> Result<(), String> {
+    if bytes == FORMAT_LINE.as_bytes() {
+        Ok(())
+    } else {
+        let shown: String = String::from_utf8_lossy(bytes).chars().take(40).collect();
+        Err(format!("{:?}", shown.trim()))
+    }
+}
+
+/// Sets a directory of the cache to mode 0700 if it is more open than that.
+fn set_private(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// Reads and checks a record. `Ok(None)` for an empty file (new entry); an error for a
-/// record that is torn, corrupt or of another format (the caller discards the cache entry).
+/// record that is torn, corrupt or of another format, or whose data file is no longer the
+/// one it was written for (edited, replaced or truncated behind hoardfs's back): the caller
+/// discards the cache entry.
 pub fn read_record(
+    files: &CacheFiles,
+) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
+    let rec = read_record_unchecked(&files.meta)?;
+    // A dirty record is discarded anyway (and its data file was being written).
+    if let Some(Ok(r)) = rec.as_ref().filter(|r| matches!(r, Ok(r) if !r.dirty)) {
+        let now = DataIdentity::of(&fstat(files.data.as_fd())?);
+        if now != r.data {
+            return Ok(Some(Err(super::record::RecordError::DataChanged)));
+        }
+    }
+    Ok(rec)
+}
+
+/// Reads and decodes a record without looking at its data file.
+pub fn read_record_unchecked(
     meta: &File,
 ) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
     let mut buf = Vec::new();
@@ -223,9 +292,14 @@ pub fn read_record(
 }
 
 /// Overwrites the record in place; with `durable` it is on disk when this returns. A torn
-/// in-place write is caught by the record's checksum.
-pub fn write_record(meta: &File, rec: &CacheRecord, durable: bool) -> io::Result<()> {
+/// in-place write is caught by the record's checksum. The record is stamped with the data
+/// file's current identity: call it after every change hoardfs makes to the data file that
+/// the record should vouch for.
+pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io::Result<()> {
+    let mut rec = rec.clone();
+    rec.data = DataIdentity::of(&fstat(files.data.as_fd())?);
     let bytes = rec.encode();
+    let meta = &files.meta;
     let mut f = meta;
     f.seek(SeekFrom::Start(0))?;
     f.write_all(&bytes)?;
@@ -310,6 +384,7 @@ fn remove_at(dir: &OwnedFd, name: &CString) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::cache::record::SourceIdentity;
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 
     #[test]
     fn refuses_a_foreign_non_empty_directory_and_a_second_user() {
@@ -329,7 +404,7 @@ mod tests {
         let c = tempfile::tempdir().unwrap();
         let s = CacheStore::open(c.path()).unwrap();
         let f = s.open_files(Path::new("a/b/c.txt")).unwrap();
-        assert!(read_record(&f.meta).unwrap().is_none());
+        assert!(read_record(&f).unwrap().is_none());
         let rec = CacheRecord::empty(
             SourceIdentity {
                 size: 5,
@@ -337,8 +412,17 @@ mod tests {
             },
             4,
         );
-        write_record(&f.meta, &rec, true).unwrap();
-        assert_eq!(read_record(&f.meta).unwrap().unwrap().unwrap(), rec);
+        write_record(&f, &rec, true).unwrap();
+        let back = read_record(&f).unwrap().unwrap().unwrap();
+        assert_eq!(back.identity, rec.identity);
+        assert_eq!(back.data.ino, f.data.metadata().unwrap().ino());
+        // Any change to the data file behind the record's back is caught.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        f.data.write_all_at(b"x", 0).unwrap();
+        assert_eq!(
+            read_record(&f).unwrap().unwrap(),
+            Err(crate::cache::record::RecordError::DataChanged)
+        );
         // A file where a directory must go is replaced.
         s.open_files(Path::new("a/b/c.txt/d")).unwrap();
         // And a directory where a file must go.
@@ -347,5 +431,37 @@ mod tests {
         assert!(c.path().join("data/x/y").is_file());
         s.remove(Path::new("x")).unwrap();
         assert!(!c.path().join("data/x").exists());
+    }
+
+    #[test]
+    fn the_cache_is_private_and_renames_keep_records_valid() {
+        let c = tempfile::tempdir().unwrap();
+        let root = c.path().join("cache");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let s = CacheStore::open(&root).unwrap();
+        for d in ["", "data", "meta"] {
+            let mode = std::fs::metadata(root.join(d))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700, "{d:?}");
+        }
+        let f = s.open_files(Path::new("d/f")).unwrap();
+        let rec = CacheRecord::empty(SourceIdentity::default(), 4);
+        write_record(&f, &rec, true).unwrap();
+        drop(f);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        s.rename(Path::new("d/f"), Path::new("e/g"), 0);
+        let f = s.open_existing(Path::new("e/g")).unwrap();
+        assert!(matches!(read_record(&f), Ok(Some(Ok(_)))));
+    }
+
+    #[test]
+    fn format_file() {
+        assert!(check_format(FORMAT_LINE.as_bytes()).is_ok());
+        assert!(check_format(b"").is_err());
+        assert!(check_format(b"hoardfs cache 1").is_err());
+        assert!(check_format(&[0xff, 0xfe, b'\n']).is_err());
     }
 }

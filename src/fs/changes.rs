@@ -174,8 +174,7 @@ impl CachingFs {
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         let Some(files) = &state.files else { return };
-        let r = write_record(&files.meta, &state.record, true)
-            .and_then(|_| files.data.set_len(st.size));
+        let r = write_record(files, &state.record, true).and_then(|_| files.data.set_len(st.size));
         if let Err(e) = r {
             tracing::warn!("cannot refresh cache file: {e}");
             state.files = None;

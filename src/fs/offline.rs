@@ -229,7 +229,7 @@ impl CachingFs {
     /// A cached file's size and times as its (newer) clean record knows them.
     fn overlay_record(&self, path: &Path, st: &mut Stat) {
         if let Some(files) = self.cache.open_existing(path)
-            && let Ok(Some(Ok(rec))) = read_record(&files.meta)
+            && let Ok(Some(Ok(rec))) = read_record(&files)
             && !rec.dirty
             && (rec.identity.ino == 0 || rec.identity.ino == st.ino)
         {
@@ -352,7 +352,7 @@ impl CachingFs {
         let mut state = self.empty_state(identity);
         self.loaded.lock().unwrap().insert(inode.id, inode.clone());
         if let Some(files) = self.cache.open_existing(path)
-            && let Ok(Some(Ok(rec))) = read_record(&files.meta)
+            && let Ok(Some(Ok(rec))) = read_record(&files)
             && !rec.dirty
             && files
                 .data

@@ -31,25 +31,42 @@ pub fn is_mounted(mnt: &Path) -> bool {
 
 impl TestMount {
     pub fn new(args: &[&str]) -> TestMount {
+        TestMount::new_at("mnt", args)
+    }
+
+    /// Like `new`, with the mount point at `mnt_rel` under the test's base directory
+    /// (e.g. deeper than the source, so that relative symlinks in the source resolve
+    /// elsewhere from the mount than from the source).
+    pub fn new_at(mnt_rel: &str, args: &[&str]) -> TestMount {
+        let mut m = TestMount::unmounted_at(mnt_rel, args);
+        m.mount();
+        m
+    }
+
+    /// The directories of a `TestMount`, not yet mounted (call `mount`).
+    pub fn unmounted_at(mnt_rel: &str, args: &[&str]) -> TestMount {
         let dirs = tempfile::Builder::new()
             .prefix("hoardfs-test")
             .tempdir()
             .unwrap();
         let base = std::fs::canonicalize(dirs.path()).unwrap();
-        let (src, cache, mnt) = (base.join("src"), base.join("cache"), base.join("mnt"));
+        let (src, cache, mnt) = (base.join("src"), base.join("cache"), base.join(mnt_rel));
         for d in [&src, &mnt] {
-            std::fs::create_dir(d).unwrap();
+            std::fs::create_dir_all(d).unwrap();
         }
-        let mut m = TestMount {
+        TestMount {
             dirs,
             src,
             cache,
             mnt,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
             child: None,
-        };
-        m.mount();
-        m
+        }
+    }
+
+    /// The test's base directory (holds src, cache and the mount point).
+    pub fn base(&self) -> PathBuf {
+        self.src.parent().unwrap().to_path_buf()
     }
 
     /// Another mount of this mount's source with its own cache and mount point, as a
