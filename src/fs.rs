@@ -23,7 +23,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 mod changes;
+mod fetch;
 pub use changes::spawn_coherence_threads;
+pub use fetch::spawn_fetch_workers;
 
 use crate::cache::record::chunk_count;
 use crate::cache::store::{CacheFiles, read_record, write_record};
@@ -31,6 +33,7 @@ use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
 use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
+use crate::fetch::{Fetcher, FileFetch, HandleFetch, SourceFd};
 use crate::inode::{Inode, InodeLimits, InodeTable};
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
@@ -59,13 +62,18 @@ pub struct FileState {
     files: Option<CacheFiles>,
     record: CacheRecord,
     /// A read-only descriptor of the source file, for fetching; opened while the file is
-    /// not fully cached, so that fetches work even after the name is unlinked.
-    fetch_src: Option<File>,
+    /// not fully cached, so that fetches work even after the name is unlinked. Counted
+    /// against `fetch_fds`; fetches in flight hold it too.
+    fetch_src: Option<Arc<SourceFd>>,
+    /// In-flight chunks and the generation of the cached content (`crate::fetch`).
+    fetch: Arc<FileFetch>,
     /// An `O_PATH` descriptor of the source file (cheap: no open on the server), so that
     /// `fstat` of an open file whose name is gone still answers.
     path_fd: Option<OwnedFd>,
     daemon_opens: u32,
     passthrough_opens: u32,
+    /// Opens waiting for a whole-file fetch (not counted in the opens yet).
+    opening: u32,
     backing: Weak<BackingId>,
     /// Chunks fetched since the record was last made durable.
     unsynced: u32,
@@ -87,6 +95,8 @@ pub struct Handle {
     source: Option<File>,
     writable: bool,
     passthrough: Option<Arc<BackingId>>,
+    /// Sequential detection and the short-path hint.
+    fetch: HandleFetch,
 }
 
 /// What `open` and `create` answer.
@@ -141,6 +151,8 @@ pub struct CachingFs {
     /// Taken for reading while a cache state loads, for writing while the cleaner evicts a
     /// file, so that no open file can load a record whose data is being removed.
     evict_lock: RwLock<()>,
+    /// The fetch engine's queue, budget and tunables (`crate::fetch`).
+    pub fetcher: Fetcher,
 }
 
 /// File systems whose inode numbers may change while a file exists.
@@ -217,7 +229,7 @@ fn now_millis() -> u64 {
 }
 
 /// Reads until `buf` is full or end of file; returns the bytes read.
-fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match f.read_at(&mut buf[done..], offset + done as u64) {
@@ -255,6 +267,7 @@ impl CachingFs {
             stable_ino,
             loaded: Mutex::default(),
             evict_lock: RwLock::new(()),
+            fetcher: Fetcher::new(cfg.fetch_window, cfg.fetch_inflight, cfg.fetch_fds),
             cfg,
         })
     }
@@ -276,6 +289,9 @@ impl CachingFs {
     /// Changes a tunable of the running mount (`hoardfs set`).
     pub fn set(&self, key: &str, value: &str) -> std::result::Result<(), String> {
         if self.coherence.tunables.set(key, value)? {
+            return Ok(());
+        }
+        if self.fetcher.set(key, value)? {
             return Ok(());
         }
         let Some(mut l) = self.usage.limits() else {
@@ -474,7 +490,7 @@ impl CachingFs {
             .path_fd
             .as_ref()
             .map(|f| f.as_fd())
-            .or(state.fetch_src.as_ref().map(|f| f.as_fd()))?;
+            .or(state.fetch_src.as_ref().map(|f| f.file.as_fd()))?;
         crate::source::dup_file(fd).ok().map(OwnedFd::from)
     }
 
@@ -744,6 +760,7 @@ impl CachingFs {
     ) -> Result<FileAttr> {
         let mut guard = inode.file();
         if let Some(state) = guard.as_mut() {
+            state.fetch.invalidate();
             self.mark_written(state);
         }
         let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
@@ -970,6 +987,7 @@ impl CachingFs {
                 source: Some(file),
                 writable,
                 passthrough: None,
+                fetch: HandleFetch::default(),
             }),
         );
         Ok((
@@ -1065,17 +1083,33 @@ impl CachingFs {
             None
         };
         if !state.complete() && state.fetch_src.is_none() {
-            state.fetch_src = self.source.open_file(&path, libc::O_RDONLY).ok();
+            state.fetch_src = self
+                .fetcher
+                .open_source(|| self.source.open_file(&path, libc::O_RDONLY));
         }
-        // Small files are fetched whole on first open (xCachefs' threshold).
+        // Small files are fetched whole on first open (xCachefs' threshold; `fs/fetch.rs`),
+        // so that this open can already be a passthrough one. While passthrough opens exist
+        // the kernel takes only another passthrough open: fetched under the mutex then.
         let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
         if readable
             && state.files.is_some()
             && !state.record.is_complete()
             && state.record.identity.size <= self.cfg.whole_file_threshold
         {
-            self.fetch_all(state);
+            if state.passthrough_opens > 0 {
+                self.fetch_all(state);
+            } else if let Some(whole) = self.start_whole_fetch(&inode, state) {
+                // Fetched by the workers and by this open, without the state mutex: other
+                // openers join the same flights, readers of other handles proceed. The
+                // state stays loaded meanwhile (`opening`).
+                state.opening += 1;
+                drop(guard);
+                self.finish_whole_fetch(&inode, &whole);
+                guard = inode.file();
+                guard.as_mut().unwrap().opening -= 1;
+            }
         }
+        let state = guard.as_mut().unwrap();
         if was_complete {
             Stats::add(&self.stats.cache.open_hits, 1);
         } else {
@@ -1125,6 +1159,7 @@ impl CachingFs {
                 source,
                 writable,
                 passthrough: backing.clone(),
+                fetch: HandleFetch::default(),
             }),
         );
         self.grant_lease(id);
@@ -1137,16 +1172,14 @@ impl CachingFs {
 
     /// Drops a state that no handle uses (after a failed open).
     fn release_if_unused(&self, inode: &Inode, guard: &mut Option<FileState>) {
-        if let Some(state) = guard.as_mut()
-            && state.daemon_opens + state.passthrough_opens == 0
-        {
-            self.checkpoint(state);
-            self.unload(inode, guard);
-        }
+        self.unload_if_idle(inode, guard);
     }
 
     /// Drops the cache state of a file nobody has open any more.
     fn unload(&self, inode: &Inode, guard: &mut Option<FileState>) {
+        if let Some(state) = guard.as_ref() {
+            state.fetch.kill();
+        }
         *guard = None;
         self.loaded.lock().unwrap().remove(&inode.id);
     }
@@ -1168,9 +1201,11 @@ impl CachingFs {
             files: None,
             record: CacheRecord::empty(identity, self.cfg.chunk_size),
             fetch_src: None,
+            fetch: Arc::new(FileFetch::new(None)),
             path_fd: None,
             daemon_opens: 0,
             passthrough_opens: 0,
+            opening: 0,
             backing: Weak::new(),
             unsynced: 0,
             written: false,
@@ -1207,6 +1242,7 @@ impl CachingFs {
                 Stats::add(&self.stats.cache.cache_errors, 1);
             }
         }
+        state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
         state.files = Some(files);
         if reset {
             self.reset(&mut state, st);
@@ -1224,6 +1260,7 @@ impl CachingFs {
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
     fn reset(&self, state: &mut FileState, st: &Stat) {
+        state.fetch.invalidate();
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
@@ -1241,6 +1278,7 @@ impl CachingFs {
     /// Stops using the cache for this open file (after a failed cache write or an
     /// inconsistent source): the record is made empty so nothing stale is ever served.
     fn drop_cached(&self, state: &mut FileState) {
+        state.fetch.invalidate();
         let identity = state.record.identity;
         state.record = CacheRecord::empty(identity, state.record.chunk_size);
         if let Some(files) = &state.files
@@ -1321,7 +1359,7 @@ impl CachingFs {
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
         let mut buf = vec![0u8; len];
-        let n = read_full(src, &mut buf, off)?;
+        let n = read_full(&src.file, &mut buf, off)?;
         Stats::add(&self.stats.cache.bytes_from_source, n as u64);
         if n < len {
             // The source is shorter than the version we cache: it changed under us.
@@ -1356,68 +1394,6 @@ impl CachingFs {
         }
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let h = self.handle(fh)?;
-        let mut guard = h.inode.file();
-        let state = guard.as_mut().ok_or(Errno::EBADF)?;
-        let file_size = state.record.identity.size;
-        if offset >= file_size || size == 0 {
-            return Ok(Vec::new());
-        }
-        let end = file_size.min(offset + size as u64);
-        if state.files.is_some() {
-            let cs = state.record.chunk_size;
-            let mut missed = false;
-            let mut ok = true;
-            let minute = (now_millis() / 60_000) as u32;
-            for c in offset / cs..=(end - 1) / cs {
-                state.record.touch(c, minute);
-                if !state.record.is_present(c) {
-                    missed = true;
-                    if let Err(e) = self.fetch_chunk(state, c) {
-                        tracing::debug!(
-                            "fetch of chunk {c} failed: {e}; reading the source directly"
-                        );
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            if ok {
-                let mut buf = vec![0u8; (end - offset) as usize];
-                let files = state.files.as_ref().unwrap();
-                match read_full(&files.data, &mut buf, offset) {
-                    Ok(n) if n == buf.len() => {
-                        let counter = if missed {
-                            &self.stats.cache.read_misses
-                        } else {
-                            &self.stats.cache.read_hits
-                        };
-                        Stats::add(counter, 1);
-                        Stats::add(&self.stats.cache.bytes_from_cache, n as u64);
-                        return Ok(buf);
-                    }
-                    Ok(_) | Err(_) => {
-                        Stats::add(&self.stats.cache.cache_errors, 1);
-                        self.drop_cached(state);
-                    }
-                }
-            }
-        }
-        // Uncached path: straight from the source.
-        Stats::add(&self.stats.cache.read_misses, 1);
-        let src = h
-            .source
-            .as_ref()
-            .or(state.fetch_src.as_ref())
-            .ok_or(Errno::EIO)?;
-        let mut buf = vec![0u8; size as usize];
-        let n = read_full(src, &mut buf, offset).map_err(errno)?;
-        buf.truncate(n);
-        Stats::add(&self.stats.cache.bytes_from_source, n as u64);
-        Ok(buf)
-    }
-
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
         let src = h
@@ -1427,6 +1403,8 @@ impl CachingFs {
             .ok_or(Errno::EBADF)?;
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
+        // Fetches in flight read the source before this write: none may land after it.
+        state.fetch.invalidate();
         self.mark_written(state);
         if let Err(e) = src.write_all_at(data, offset) {
             // Part of the range may have reached the source: forget what we knew of it.
@@ -1522,16 +1500,9 @@ impl CachingFs {
             } else {
                 state.daemon_opens -= 1;
             }
-            if state.daemon_opens + state.passthrough_opens == 0 {
-                state.record.last_used = now_millis();
-                if state.unsynced == 0 && !state.written {
-                    self.persist_record(state, false);
-                } else {
-                    self.checkpoint(state);
-                }
-                self.unload(&h.inode, &mut guard);
-            }
         }
+        // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
+        self.unload_if_idle(&h.inode, &mut guard);
         Ok(())
     }
 
@@ -1540,6 +1511,7 @@ impl CachingFs {
         let src = h.source.as_ref().ok_or(Errno::EBADF)?;
         let mut guard = h.inode.file();
         if let Some(state) = guard.as_mut() {
+            state.fetch.invalidate();
             self.mark_written(state);
         }
         let r = unsafe {

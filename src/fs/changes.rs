@@ -170,6 +170,7 @@ impl CachingFs {
     /// writer's). The record says "nothing present" until the fetch is done, so no new open
     /// trusts the file midway.
     fn refresh_in_place(&self, inode: &Inode, state: &mut FileState, st: &Stat) {
+        state.fetch.invalidate();
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         let Some(files) = &state.files else { return };
@@ -181,9 +182,10 @@ impl CachingFs {
             return;
         }
         if state.fetch_src.is_none() {
-            state.fetch_src = inode
-                .path()
-                .and_then(|p| self.source.open_file(&p, libc::O_RDONLY).ok());
+            state.fetch_src = inode.path().and_then(|p| {
+                self.fetcher
+                    .open_source(|| self.source.open_file(&p, libc::O_RDONLY))
+            });
         }
         self.fetch_all(state);
     }
