@@ -1070,7 +1070,14 @@ impl CachingFs {
         }
         let state = guard.as_mut().unwrap();
 
-        let source = if writable || !state.complete() {
+        if !state.complete() && state.fetch_src.is_none() {
+            state.fetch_src = self
+                .fetcher
+                .open_source(|| self.source.open_file(&path, libc::O_RDONLY));
+        }
+        // A reader of a partially cached file reads through the fetch descriptor: one open
+        // on the source, not two (each is a round trip on a network source).
+        let source = if writable || (!state.complete() && state.fetch_src.is_none()) {
             let opened = self.source.open_file(&path, Self::source_flags(flags));
             match opened {
                 Ok(f) => Some(f),
@@ -1082,11 +1089,6 @@ impl CachingFs {
         } else {
             None
         };
-        if !state.complete() && state.fetch_src.is_none() {
-            state.fetch_src = self
-                .fetcher
-                .open_source(|| self.source.open_file(&path, libc::O_RDONLY));
-        }
         // Small files are fetched whole on first open (xCachefs' threshold; `fs/fetch.rs`),
         // so that this open can already be a passthrough one. While passthrough opens exist
         // the kernel takes only another passthrough open: fetched under the mutex then.
@@ -1220,6 +1222,9 @@ impl CachingFs {
         };
         let data_len = files.data.metadata().map(|m| m.len()).ok();
         let mut reset = true;
+        // Without a record nothing of this file can be served after a crash, so its first
+        // empty record need not be durable (one fsync less per newly cached file).
+        let mut had_record = true;
         match read_record(&files.meta) {
             Ok(Some(Ok(rec))) if !new_file => {
                 let matches = !rec.dirty
@@ -1236,6 +1241,7 @@ impl CachingFs {
                 tracing::warn!(?path, "discarding cache record: {e}");
                 Stats::add(&self.stats.cache.corrupt_records, 1);
             }
+            Ok(None) => had_record = false,
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(?path, "cannot read cache record: {e}");
@@ -1245,7 +1251,7 @@ impl CachingFs {
         state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
         state.files = Some(files);
         if reset {
-            self.reset(&mut state, st);
+            self.reset_as(&mut state, st, had_record || new_file);
         }
         state.record.last_used = now_millis();
         (state, reset)
@@ -1260,12 +1266,18 @@ impl CachingFs {
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
     fn reset(&self, state: &mut FileState, st: &Stat) {
+        self.reset_as(state, st, true);
+    }
+
+    /// `reset`; `durable`: the empty record is synced before the data file is truncated
+    /// (needed whenever an older record could claim chunks of the data file).
+    fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool) {
         state.fetch.invalidate();
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
         let Some(files) = &state.files else { return };
-        let r = write_record(&files.meta, &state.record, true)
+        let r = write_record(&files.meta, &state.record, durable)
             .and_then(|_| files.data.set_len(0))
             .and_then(|_| files.data.set_len(st.size));
         if let Err(e) = r {

@@ -82,6 +82,13 @@ impl CachingFs {
         let ff = state.fetch.clone();
         let epoch = ff.epoch();
         let (first, last) = (offset / cs, (end - 1) / cs);
+        // The fetch descriptor is closed once a file is complete; a reset since needs it.
+        if state.fetch_src.is_none() && (first..=last).any(|c| !state.record.is_present(c)) {
+            state.fetch_src = h.inode.path().and_then(|p| {
+                self.fetcher
+                    .open_source(|| self.source.open_file(&p, libc::O_RDONLY))
+            });
+        }
         let chunk_len = |c: u64| cs.min(file_size - c * cs);
         let mut flights = ff.flights.lock().unwrap();
         // Missing chunks nobody fetches yet need a descriptor and room in the cache;
@@ -373,7 +380,11 @@ impl CachingFs {
                 Stats::add(&c.chunks_prefetched, 1);
                 ctx.ff.note_prefetched(f.chunk);
             }
-            if state.unsynced >= self.cfg.checkpoint_chunks || state.record.is_complete() {
+            // A file completed while an open waits for its whole-file fetch is made
+            // durable at its last close (FUSE sends that release after close(2) has
+            // returned), not on the open's path.
+            let complete = state.record.is_complete();
+            if state.unsynced >= self.cfg.checkpoint_chunks || (complete && state.opening == 0) {
                 self.checkpoint(state);
             }
             if state.record.is_complete() {
