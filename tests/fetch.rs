@@ -174,7 +174,10 @@ fn a_reset_during_fetches_never_leaves_old_bytes() {
         reader.join().unwrap();
         assert!(fs::read(t.m(&name)).unwrap() == new, "round {round}");
     }
-    assert!(t.stats().cache.stale_invalidations >= 3, "every rewrite was noticed");
+    assert!(
+        t.stats().cache.stale_invalidations >= 3,
+        "every rewrite was noticed"
+    );
     let mut t = t;
     t.unmount();
     for round in 0..3u64 {
