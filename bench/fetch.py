@@ -30,8 +30,8 @@ def rec(what, src, system, value, **extra):
     B.log(f"  {what} {src} {system}: {value:.4g} {extra if extra else ''}")
 
 
-def seq(srcs, variants):
-    for name in ("slow", "remote", "local"):
+def seq(srcs, variants, names=("slow", "remote", "local")):
+    for name in names:
         src = srcs[name]
         f = "seq.bin"
         systems = [("source", None)] + variants
@@ -147,6 +147,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", default="seq,random,many,grep")
+    ap.add_argument("--seq-srcs", default="slow,remote,local")
+    ap.add_argument("--workers-only", action="store_true",
+                    help="seq: compare --fetch-workers 1, 2, 4 only")
     a = ap.parse_args()
     B.P = dict(B.FULL, runs=a.runs, tree=["linux", "c++"], pages_files=4,
                seq={"local": 1024 * MIB, "slow": 512 * MIB, "remote": 64 * MIB})
@@ -160,13 +163,17 @@ def main():
         shutil.copy(B.HOARDFS_BUILT, B.HOARDFS)
         srcs = B.setup_sources()
         load0 = os.getloadavg()
-        if "seq" in only:
+        if "seq" in only and a.workers_only:
+            seq(srcs, [(f"hoardfs-{n}workers", ["--fetch-workers", str(n)]) for n in (1, 2, 4)],
+                names=a.seq_srcs.split(","))
+        elif "seq" in only:
             seq(srcs, [("hoardfs", []),
                        ("hoardfs-w0", ["--fetch-window", "0"]),
                        ("hoardfs-w32", ["--fetch-window", "32"]),
                        ("hoardfs-1worker", ["--fetch-workers", "1"]),
                        ("hoardfs-c256K", ["--chunk-size", "256K"]),
-                       ("hoardfs-c4M", ["--chunk-size", "4M"])])
+                       ("hoardfs-c4M", ["--chunk-size", "4M"])],
+                names=a.seq_srcs.split(","))
         if "random" in only:
             random_reads(srcs)
         if "many" in only:

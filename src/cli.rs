@@ -136,7 +136,7 @@ pub struct MountArgs {
     /// Trust the cache: do not compare cached files with the source on open.
     #[arg(long, help_heading = CACHING)]
     pub no_stale_check: bool,
-    /// Threads fetching from the source in the background [default: 4].
+    /// Threads fetching from the source in the background [default: one per CPU, 2..8].
     #[arg(long, help_heading = CACHING)]
     pub fetch_workers: Option<usize>,
     /// Largest prefetch window of a sequential reader, in chunks; 0 turns prefetch off
@@ -269,7 +269,7 @@ impl MountArgs {
             foreground: false,
             threads: 4,
             checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
-            fetch_workers: config::DEFAULT_FETCH_WORKERS,
+            fetch_workers: config::default_fetch_workers(),
             fetch_window: config::DEFAULT_FETCH_WINDOW,
             fetch_inflight: config::DEFAULT_FETCH_INFLIGHT,
             fetch_fds: config::DEFAULT_FETCH_FDS,
