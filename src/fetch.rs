@@ -683,6 +683,28 @@ mod tests {
     }
 
     #[test]
+    fn tunables_change_live_and_bound_the_queue() {
+        let f = Fetcher::new(8, 1 << 20, 2);
+        assert_eq!(f.set("fetch_window", "3"), Ok(true));
+        assert_eq!(f.tun.window.load(Relaxed), 3);
+        assert_eq!(f.set("fetch_inflight", "2M"), Ok(true));
+        assert_eq!(f.tun.inflight.load(Relaxed), 2 << 20);
+        assert!(f.set("fetch_fds", "many").is_err());
+        assert_eq!(f.set("max_inodes", "5"), Ok(false));
+        // Two descriptors at most.
+        let open = || File::open("/dev/null");
+        let a = f.open_source(open).unwrap();
+        let _b = f.open_source(open).unwrap();
+        assert!(f.open_source(open).is_none());
+        drop(a);
+        let c = f.open_source(open);
+        assert!(c.is_some());
+        assert_eq!(f.fds_open(), 2);
+        drop(c);
+        assert_eq!(f.fds_open(), 1);
+    }
+
+    #[test]
     fn invalidate_aborts_flights_and_closes_the_gate() {
         let ff = FileFetch::new(None);
         let g = ff.epoch();
