@@ -6,8 +6,11 @@
 //! file, fetching missing chunks from the source first; reads of fully cached files opened
 //! read-only go through FUSE passthrough and never reach the daemon.
 //!
-//! Lock order: inode table, then `Inode::names`, then `Inode::file`, then `CachingFs::handles`.
-//! No lock is held while waiting for another request.
+//! Lock order: inode table, then `Inode::names`, then `Inode::file`, then `CachingFs::handles`;
+//! a file's in-flight table and its flights come after `Inode::file` (`crate::fetch`). No lock
+//! is held while waiting for another request; reads and fetches hold `Inode::file` only to
+//! plan and to mark chunks present, never across source I/O (the exceptions: `fetch_all`,
+//! used while passthrough opens exist, and reopening the fetch descriptor after a reset).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
