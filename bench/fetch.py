@@ -183,7 +183,7 @@ def main():
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                     git=B.sh(["git", "-C", B.REPO, "describe", "--always", "--dirty"], check=False).stdout.strip(),
                     load_before=load0, load_after=os.getloadavg(), throttle=B.META.get("throttle"))
-        out = os.path.join(B.BENCH, "results", f"fetch-{datetime.datetime.now():%Y-%m-%d-%H%M}.json")
+        out = os.path.join(B.BENCH, "results", f"fetch-{datetime.datetime.now():%Y-%m-%d-%H%M%S}.json")
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=OUT), f, indent=1)
         print(json.dumps(meta))
