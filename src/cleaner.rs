@@ -97,6 +97,9 @@ pub struct Usage {
     pub files: AtomicU64,
     /// Every byte ever added, so that a scan can account for fetches that ran during it.
     added_total: AtomicU64,
+    /// Bytes of fetches under way (counted in `bytes` from their start, so that concurrent
+    /// fetches see each other; a scan cannot see them yet).
+    reserved: AtomicU64,
     /// Files above this size are evicted chunk by chunk (the whole-file threshold).
     pub chunked_above: AtomicU64,
     limits: Mutex<Option<Limits>>,
@@ -116,6 +119,24 @@ impl Usage {
     pub fn add(&self, n: u64) {
         self.bytes.fetch_add(n, Relaxed);
         self.added_total.fetch_add(n, Relaxed);
+    }
+
+    /// A fetch of `n` bytes starts (after `may_grow`).
+    pub fn reserve(&self, n: u64) {
+        self.bytes.fetch_add(n, Relaxed);
+        self.reserved.fetch_add(n, Relaxed);
+    }
+
+    /// `n` reserved bytes were written to the cache.
+    pub fn commit(&self, n: u64) {
+        self.reserved.fetch_sub(n, Relaxed);
+        self.added_total.fetch_add(n, Relaxed);
+    }
+
+    /// `n` reserved bytes will not be written after all.
+    pub fn unreserve(&self, n: u64) {
+        self.reserved.fetch_sub(n, Relaxed);
+        self.sub(n);
     }
 
     pub fn sub(&self, n: u64) {
@@ -357,7 +378,7 @@ pub fn clean_once(
     // Bytes cached while the walk ran may or may not have been seen by it: count them
     // (an overestimate is safe, an underestimate would let the cache overshoot).
     let during = usage.added_total.load(Relaxed) - added_before;
-    let used: u64 = on_disk + during;
+    let used: u64 = on_disk + during + usage.reserved.load(Relaxed);
     usage.bytes.store(used, Relaxed);
     usage.files.store(
         files.iter().filter(|f| f.chunk.unwrap_or(0) == 0).count() as u64,

@@ -20,6 +20,23 @@ pub const UNWATCHED_TTL: Duration = Duration::from_secs(1);
 pub const WATCHED_TTL: Duration = Duration::from_secs(60);
 /// Chunks fetched since the last checkpoint before the bitmap is made durable.
 pub const DEFAULT_CHECKPOINT_CHUNKS: u32 = 64;
+/// Threads fetching in the background (rest of a chunk, prefetch, whole files): one per
+/// CPU, 2 to 8. On the slow disk and the 100 Mbit/s link 1, 2 and 4 workers read at the
+/// source's speed alike; on a fast local source with 2 CPUs 4 workers were slower than 2
+/// (801 vs 901 MiB/s: they compete with the request threads for the CPUs). See
+/// docs/performance.md for the measurements behind these defaults.
+pub fn default_fetch_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, 8)
+}
+/// Largest prefetch window of a sequential reader, in chunks.
+pub const DEFAULT_FETCH_WINDOW: u64 = 8;
+/// Bytes of chunks queued for or being fetched by the workers.
+pub const DEFAULT_FETCH_INFLIGHT: u64 = 64 << 20;
+/// Source descriptors kept open for fetching (one per open, partially cached file).
+pub const DEFAULT_FETCH_FDS: u64 = 256;
 
 /// Estimated memory per inode-table entry: the daemon's entry (measured ~0.45 KiB with its
 /// maps, queues and path: 1,000,000 entries, 450 MiB RSS) plus the kernel's FUSE inode and
@@ -65,6 +82,12 @@ pub struct Config {
     pub foreground: bool,
     pub threads: usize,
     pub checkpoint_chunks: u32,
+    /// The fetch engine (`fetch.rs`): worker threads, largest prefetch window in chunks,
+    /// bytes queued for workers, source descriptors kept for fetching.
+    pub fetch_workers: usize,
+    pub fetch_window: u64,
+    pub fetch_inflight: u64,
+    pub fetch_fds: u64,
     /// Soft maximum of inode-table entries (`inode.rs`).
     pub max_inodes: usize,
     /// Cache size limit in bytes; `None`: `cache_share` percent of the cache's file system.
@@ -243,6 +266,11 @@ impl Config {
         }
         if self.threads == 0 {
             return Err(ConfigError::Invalid("threads must be at least 1".into()));
+        }
+        if self.fetch_workers > 256 {
+            return Err(ConfigError::Invalid(
+                "fetch_workers must be at most 256".into(),
+            ));
         }
         Ok(())
     }

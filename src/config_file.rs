@@ -51,6 +51,10 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("high_watermark", Kind::Value),
     ("low_watermark", Kind::Value),
     ("min_free", Kind::Value),
+    ("fetch_workers", Kind::Value),
+    ("fetch_window", Kind::Value),
+    ("fetch_inflight", Kind::Value),
+    ("fetch_fds", Kind::Value),
     (
         "no_stale_check",
         Kind::Flag {

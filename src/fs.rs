@@ -6,8 +6,11 @@
 //! file, fetching missing chunks from the source first; reads of fully cached files opened
 //! read-only go through FUSE passthrough and never reach the daemon.
 //!
-//! Lock order: inode table, then `Inode::names`, then `Inode::file`, then `CachingFs::handles`.
-//! No lock is held while waiting for another request.
+//! Lock order: inode table, then `Inode::names`, then `Inode::file`, then `CachingFs::handles`;
+//! a file's in-flight table and its flights come after `Inode::file` (`crate::fetch`). No lock
+//! is held while waiting for another request; reads and fetches hold `Inode::file` only to
+//! plan and to mark chunks present, never across source I/O (the exceptions: `fetch_all`,
+//! used while passthrough opens exist, and reopening the fetch descriptor after a reset).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -23,8 +26,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 mod changes;
+mod fetch;
 mod offline;
 pub use changes::spawn_coherence_threads;
+pub use fetch::spawn_fetch_workers;
 
 use crate::cache::record::chunk_count;
 use crate::cache::store::{CacheFiles, read_record, write_record};
@@ -32,6 +37,7 @@ use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
 use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
+use crate::fetch::{Fetcher, FileFetch, HandleFetch, SourceFd};
 use crate::health::{GuardedSource, Health};
 use crate::inode::{Inode, InodeLimits, InodeTable};
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
@@ -65,13 +71,18 @@ pub struct FileState {
     files: Option<CacheFiles>,
     record: CacheRecord,
     /// A read-only descriptor of the source file, for fetching; opened while the file is
-    /// not fully cached, so that fetches work even after the name is unlinked.
-    fetch_src: Option<File>,
+    /// not fully cached, so that fetches work even after the name is unlinked. Counted
+    /// against `fetch_fds`; fetches in flight hold it too.
+    fetch_src: Option<Arc<SourceFd>>,
+    /// In-flight chunks and the generation of the cached content (`crate::fetch`).
+    fetch: Arc<FileFetch>,
     /// An `O_PATH` descriptor of the source file (cheap: no open on the server), so that
     /// `fstat` of an open file whose name is gone still answers.
     path_fd: Option<OwnedFd>,
     daemon_opens: u32,
     passthrough_opens: u32,
+    /// Opens waiting for a whole-file fetch (not counted in the opens yet).
+    opening: u32,
     backing: Weak<BackingId>,
     /// Chunks fetched since the record was last made durable.
     unsynced: u32,
@@ -93,6 +104,8 @@ pub struct Handle {
     source: Option<File>,
     writable: bool,
     passthrough: Option<Arc<BackingId>>,
+    /// Sequential detection and the short-path hint.
+    fetch: HandleFetch,
 }
 
 /// What `open` and `create` answer.
@@ -150,6 +163,12 @@ pub struct CachingFs {
     evict_lock: RwLock<()>,
     /// Directories whose listing is saved for offline use (`fs/offline.rs`).
     listed: Mutex<offline::Listed>,
+    /// Held for reading across a rename (source, inode table, cache), for writing while
+    /// the watcher reconciles a batch: the watcher must see our own renames whole, or it
+    /// would apply them a second time.
+    renames: RwLock<()>,
+    /// The fetch engine's queue, budget and tunables (`crate::fetch`).
+    pub fetcher: Fetcher,
 }
 
 /// File systems whose inode numbers may change while a file exists.
@@ -226,7 +245,7 @@ fn now_millis() -> u64 {
 }
 
 /// Reads until `buf` is full or end of file; returns the bytes read.
-fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match f.read_at(&mut buf[done..], offset + done as u64) {
@@ -272,6 +291,8 @@ impl CachingFs {
             loaded: Mutex::default(),
             evict_lock: RwLock::new(()),
             listed: Mutex::default(),
+            renames: RwLock::new(()),
+            fetcher: Fetcher::new(cfg.fetch_window, cfg.fetch_inflight, cfg.fetch_fds),
             cfg,
         })
     }
@@ -312,6 +333,9 @@ impl CachingFs {
                 return Ok(());
             }
             _ => {}
+        }
+        if self.fetcher.set(key, value)? {
+            return Ok(());
         }
         let Some(mut l) = self.usage.limits() else {
             return self.inodes.set(key, value);
@@ -533,7 +557,7 @@ impl CachingFs {
             .path_fd
             .as_ref()
             .map(|f| f.as_fd())
-            .or(state.fetch_src.as_ref().map(|f| f.as_fd()))?;
+            .or(state.fetch_src.as_ref().map(|f| f.file.as_fd()))?;
         crate::source::dup_file(fd).ok().map(OwnedFd::from)
     }
 
@@ -724,6 +748,7 @@ impl CachingFs {
         flags: u32,
     ) -> Result<()> {
         self.changes_allowed()?;
+        let _whole = self.renames.read().unwrap();
         let from = child(&self.path_of(parent)?, name)?;
         let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).ok();
@@ -840,6 +865,7 @@ impl CachingFs {
     ) -> Result<FileAttr> {
         let mut guard = inode.file();
         if let Some(state) = guard.as_mut() {
+            state.fetch.invalidate();
             self.mark_written(state);
         }
         let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
@@ -1099,6 +1125,7 @@ impl CachingFs {
                 source: Some(file),
                 writable,
                 passthrough: None,
+                fetch: HandleFetch::default(),
             }),
         );
         Ok((
@@ -1211,7 +1238,14 @@ impl CachingFs {
         }
         let state = guard.as_mut().unwrap();
 
-        let source = if writable || !state.complete() {
+        if !state.complete() && state.fetch_src.is_none() {
+            state.fetch_src = self
+                .fetcher
+                .open_source(|| self.source.open_file(&path, libc::O_RDONLY));
+        }
+        // A reader of a partially cached file reads through the fetch descriptor: one open
+        // on the source, not two (each is a round trip on a network source).
+        let source = if writable || (!state.complete() && state.fetch_src.is_none()) {
             let opened = self.source.open_file(&path, Self::source_flags(flags));
             match opened {
                 Ok(f) => Some(f),
@@ -1223,17 +1257,27 @@ impl CachingFs {
         } else {
             None
         };
-        if !state.complete() && state.fetch_src.is_none() {
-            state.fetch_src = self.source.open_file(&path, libc::O_RDONLY).ok();
-        }
-        // Small files are fetched whole on first open (xCachefs' threshold).
+        // Small files are fetched whole on first open (xCachefs' threshold; `fs/fetch.rs`),
+        // so that this open can already be a passthrough one. While passthrough opens exist
+        // the kernel takes only another passthrough open: fetched under the mutex then.
         let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
         if readable
             && state.files.is_some()
             && !state.record.is_complete()
             && state.record.identity.size <= self.cfg.whole_file_threshold
         {
-            self.fetch_all(state);
+            if state.passthrough_opens > 0 {
+                self.fetch_all(state);
+            } else if let Some(whole) = self.start_whole_fetch(&inode, state) {
+                // Fetched by the workers and by this open, without the state mutex: other
+                // openers join the same flights, readers of other handles proceed. The
+                // state stays loaded meanwhile (`opening`).
+                state.opening += 1;
+                drop(guard);
+                self.finish_whole_fetch(&inode, &whole);
+                guard = inode.file();
+                guard.as_mut().unwrap().opening -= 1;
+            }
         }
         if was_complete {
             Stats::add(&self.stats.cache.open_hits, 1);
@@ -1300,6 +1344,7 @@ impl CachingFs {
                 source,
                 writable,
                 passthrough: backing.clone(),
+                fetch: HandleFetch::default(),
             }),
         );
         self.grant_lease(id);
@@ -1312,16 +1357,14 @@ impl CachingFs {
 
     /// Drops a state that no handle uses (after a failed open).
     fn release_if_unused(&self, inode: &Inode, guard: &mut Option<FileState>) {
-        if let Some(state) = guard.as_mut()
-            && state.daemon_opens + state.passthrough_opens == 0
-        {
-            self.checkpoint(state);
-            self.unload(inode, guard);
-        }
+        self.unload_if_idle(inode, guard);
     }
 
     /// Drops the cache state of a file nobody has open any more.
     fn unload(&self, inode: &Inode, guard: &mut Option<FileState>) {
+        if let Some(state) = guard.as_ref() {
+            state.fetch.kill();
+        }
         *guard = None;
         self.loaded.lock().unwrap().remove(&inode.id);
     }
@@ -1332,9 +1375,11 @@ impl CachingFs {
             files: None,
             record: CacheRecord::empty(identity, self.cfg.chunk_size),
             fetch_src: None,
+            fetch: Arc::new(FileFetch::new(None)),
             path_fd: None,
             daemon_opens: 0,
             passthrough_opens: 0,
+            opening: 0,
             backing: Weak::new(),
             unsynced: 0,
             written: false,
@@ -1365,6 +1410,9 @@ impl CachingFs {
         };
         let data_len = files.data.metadata().map(|m| m.len()).ok();
         let mut reset = true;
+        // Without a record nothing of this file can be served after a crash, so its first
+        // empty record need not be durable (one fsync less per newly cached file).
+        let mut had_record = true;
         match read_record(&files) {
             Ok(Some(Ok(rec))) if !new_file => {
                 let matches = !rec.dirty
@@ -1381,15 +1429,17 @@ impl CachingFs {
                 tracing::warn!(?path, "discarding cache record: {e}");
                 Stats::add(&self.stats.cache.corrupt_records, 1);
             }
+            Ok(None) => had_record = false,
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(?path, "cannot read cache record: {e}");
                 Stats::add(&self.stats.cache.cache_errors, 1);
             }
         }
+        state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
         state.files = Some(files);
         if reset {
-            self.reset(&mut state, st);
+            self.reset_as(&mut state, st, had_record || new_file);
         }
         state.record.last_used = now_millis();
         (state, reset)
@@ -1404,11 +1454,18 @@ impl CachingFs {
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
     fn reset(&self, state: &mut FileState, st: &Stat) {
+        self.reset_as(state, st, true);
+    }
+
+    /// `reset`; `durable`: the empty record is synced before the data file is truncated
+    /// (needed whenever an older record could claim chunks of the data file).
+    fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool) {
+        state.fetch.invalidate();
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
         let Some(files) = &state.files else { return };
-        let r = write_record(files, &state.record, true)
+        let r = write_record(files, &state.record, durable)
             .and_then(|_| files.data.set_len(0))
             .and_then(|_| files.data.set_len(st.size));
         if let Err(e) = r {
@@ -1421,6 +1478,7 @@ impl CachingFs {
     /// Stops using the cache for this open file (after a failed cache write or an
     /// inconsistent source): the record is made empty so nothing stale is ever served.
     fn drop_cached(&self, state: &mut FileState) {
+        state.fetch.invalidate();
         let identity = state.record.identity;
         state.record = CacheRecord::empty(identity, state.record.chunk_size);
         if let Some(files) = &state.files
@@ -1500,7 +1558,7 @@ impl CachingFs {
             .fetch_src
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        let buf = self.source.with_fd(src.as_fd(), move |f| {
+        let buf = self.source.with_fd(src.file.as_fd(), move |f| {
             let mut buf = vec![0u8; len];
             let n = read_full(f, &mut buf, off)?;
             buf.truncate(n);
@@ -1541,74 +1599,6 @@ impl CachingFs {
         }
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let h = self.handle(fh)?;
-        let mut guard = h.inode.file();
-        let state = guard.as_mut().ok_or(Errno::EBADF)?;
-        let file_size = state.record.identity.size;
-        if offset >= file_size || size == 0 {
-            return Ok(Vec::new());
-        }
-        let end = file_size.min(offset + size as u64);
-        if state.files.is_some() {
-            let cs = state.record.chunk_size;
-            let mut missed = false;
-            let mut ok = true;
-            let minute = (now_millis() / 60_000) as u32;
-            for c in offset / cs..=(end - 1) / cs {
-                state.record.touch(c, minute);
-                if !state.record.is_present(c) {
-                    missed = true;
-                    if let Err(e) = self.fetch_chunk(state, c) {
-                        tracing::debug!(
-                            "fetch of chunk {c} failed: {e}; reading the source directly"
-                        );
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            if ok {
-                let mut buf = vec![0u8; (end - offset) as usize];
-                let files = state.files.as_ref().unwrap();
-                match read_full(&files.data, &mut buf, offset) {
-                    Ok(n) if n == buf.len() => {
-                        let counter = if missed {
-                            &self.stats.cache.read_misses
-                        } else {
-                            &self.stats.cache.read_hits
-                        };
-                        Stats::add(counter, 1);
-                        Stats::add(&self.stats.cache.bytes_from_cache, n as u64);
-                        return Ok(buf);
-                    }
-                    Ok(_) | Err(_) => {
-                        Stats::add(&self.stats.cache.cache_errors, 1);
-                        self.drop_cached(state);
-                    }
-                }
-            }
-        }
-        // Uncached path: straight from the source.
-        Stats::add(&self.stats.cache.read_misses, 1);
-        let src = h
-            .source
-            .as_ref()
-            .or(state.fetch_src.as_ref())
-            .ok_or(Errno::EIO)?;
-        let buf = self
-            .source
-            .with_fd(src.as_fd(), move |f| {
-                let mut buf = vec![0u8; size as usize];
-                let n = read_full(f, &mut buf, offset)?;
-                buf.truncate(n);
-                Ok(buf)
-            })
-            .map_err(errno)?;
-        Stats::add(&self.stats.cache.bytes_from_source, buf.len() as u64);
-        Ok(buf)
-    }
-
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.changes_allowed()?;
         let h = self.handle(fh)?;
@@ -1619,6 +1609,8 @@ impl CachingFs {
             .ok_or(Errno::EBADF)?;
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
+        // Fetches in flight read the source before this write: none may land after it.
+        state.fetch.invalidate();
         self.mark_written(state);
         let owned = data.to_vec();
         let written = self
@@ -1721,16 +1713,9 @@ impl CachingFs {
             } else {
                 state.daemon_opens -= 1;
             }
-            if state.daemon_opens + state.passthrough_opens == 0 {
-                state.record.last_used = now_millis();
-                if state.unsynced == 0 && !state.written {
-                    self.persist_record(state, false);
-                } else {
-                    self.checkpoint(state);
-                }
-                self.unload(&h.inode, &mut guard);
-            }
         }
+        // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
+        self.unload_if_idle(&h.inode, &mut guard);
         Ok(())
     }
 
@@ -1740,6 +1725,7 @@ impl CachingFs {
         let src = h.source.as_ref().ok_or(Errno::EBADF)?;
         let mut guard = h.inode.file();
         if let Some(state) = guard.as_mut() {
+            state.fetch.invalidate();
             self.mark_written(state);
         }
         let r = unsafe {

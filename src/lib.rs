@@ -7,6 +7,7 @@ pub mod coherence;
 pub mod config;
 pub mod config_file;
 pub mod control;
+pub mod fetch;
 pub mod fs;
 pub mod fuse_adapter;
 pub mod health;

@@ -194,6 +194,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     fs.watch_root();
     fs.spawn_health_probe()?;
     crate::fs::spawn_coherence_threads(&fs)?;
+    crate::fs::spawn_fetch_workers(&fs)?;
     let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
     if let Some(listener) = metrics {
         crate::metrics::serve(listener, fs.clone())?;

@@ -72,6 +72,12 @@ counters! {
     corrupt_records: "cache records found torn or corrupt and discarded",
     cache_errors: "cache I/O errors (the request was served from the source)",
     checkpoints: "durable record updates",
+    chunks_prefetched: "chunks fetched ahead of a sequential reader (included in chunks_fetched)",
+    prefetch_hits: "chunks a read found already fetched by prefetch",
+    fetch_waits: "reads that waited for bytes another reader or worker was fetching (a shared fetch)",
+    early_returns: "reads answered before the rest of their chunk had arrived",
+    hint_reads: "reads served by the short path (the handle's hint: a chunk known present)",
+    whole_file_fetches: "small files whose whole-file fetch was started on open",
 }
 
 #[derive(Debug)]

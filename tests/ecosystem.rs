@@ -124,6 +124,24 @@ fn recv_until(sock: &UnixDatagram, want: &str, secs: u64) -> String {
     }
 }
 
+/// Unmounts and kills a daemon a test started, if the test ends (or panics) first.
+struct Daemon<'a> {
+    /// `None` once the test has reaped it (the pid may be reused).
+    pid: Option<u32>,
+    mnt: &'a std::path::Path,
+}
+
+impl Drop for Daemon<'_> {
+    fn drop(&mut self) {
+        if is_mounted(self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(self.mnt).status();
+        }
+        if let Some(pid) = self.pid {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
 #[test]
 fn readiness_and_stopping_reach_notify_socket() {
     let dirs = tempfile::tempdir().unwrap();
@@ -145,6 +163,10 @@ fn readiness_and_stopping_reach_notify_socket() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
+    let mut guard = Daemon {
+        pid: Some(child.id()),
+        mnt: &mnt,
+    };
     let ready = recv_until(&sock, "READY=1", 20);
     // Readiness means the mount answers now, without waiting.
     assert!(is_mounted(&mnt), "READY=1 before the mount exists");
@@ -154,7 +176,9 @@ fn readiness_and_stopping_reach_notify_socket() {
         "{ready}"
     );
     assert!(
-        ready.lines().any(|l| l.starts_with("STATUS=online; cache ")),
+        ready
+            .lines()
+            .any(|l| l.starts_with("STATUS=online; cache ")),
         "{ready}"
     );
     assert!(hoardfs::control::request_stats(&mnt).is_ok());
@@ -163,6 +187,7 @@ fn readiness_and_stopping_reach_notify_socket() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     recv_until(&sock, "STOPPING=1", 20);
     let status = child.wait().unwrap();
+    guard.pid = None;
     assert!(status.success(), "{status}");
     assert!(!is_mounted(&mnt));
 }

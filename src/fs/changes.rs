@@ -34,6 +34,8 @@ impl CachingFs {
         for dir in &batch.dirs {
             self.coherence.notify(Notice::Inode(*dir));
         }
+        // Our own renames are either done or not begun while we look (`renames`).
+        let _no_rename = self.renames.write().unwrap();
         let path_of_dir = |id: u64| self.inodes.get(id).and_then(|d| d.path());
         let mut paths: HashMap<PathBuf, usize> = HashMap::new();
         let mut to_paths: HashMap<usize, PathBuf> = HashMap::new();
@@ -171,6 +173,7 @@ impl CachingFs {
     /// writer's). The record says "nothing present" until the fetch is done, so no new open
     /// trusts the file midway.
     fn refresh_in_place(&self, inode: &Inode, state: &mut FileState, st: &Stat) {
+        state.fetch.invalidate();
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         let Some(files) = &state.files else { return };
@@ -181,9 +184,10 @@ impl CachingFs {
             return;
         }
         if state.fetch_src.is_none() {
-            state.fetch_src = inode
-                .path()
-                .and_then(|p| self.source.open_file(&p, libc::O_RDONLY).ok());
+            state.fetch_src = inode.path().and_then(|p| {
+                self.fetcher
+                    .open_source(|| self.source.open_file(&p, libc::O_RDONLY))
+            });
         }
         self.fetch_all(state);
     }

@@ -360,6 +360,7 @@ impl CachingFs {
                 .is_ok_and(|m| m.len() == rec.identity.size)
         {
             state.record = rec;
+            state.fetch = Arc::new(crate::fetch::FileFetch::new(files.data.try_clone().ok()));
             state.files = Some(files);
         }
         state

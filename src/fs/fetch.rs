@@ -1,0 +1,546 @@
+//! Reads through the daemon and the fetches behind them: the read path, the whole-file
+//! fetch on open, and the fetch workers. The mechanism (flights, pieces, the queue,
+//! sequential detection, the hint) is `crate::fetch`; this file ties it to the cache record
+//! and its crash rules: a chunk is marked present only after all its bytes were written to
+//! the cache file, under the file's state mutex, and only if the file's generation is the
+//! one the fetch started with.
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+
+use fuser::Errno;
+
+use super::{CachingFs, FileState, Handle, Result, errno, now_millis, read_full};
+use crate::fetch::{End, FileFetch, Flight, Job, SourceFd, Step};
+use crate::inode::Inode;
+use crate::stats::Stats;
+
+/// The flights of a whole-file fetch an open waits for.
+pub(super) struct WholeFetch {
+    ff: Arc<FileFetch>,
+    src: Arc<SourceFd>,
+    flights: Vec<Arc<Flight>>,
+}
+
+/// What a fetch of some pieces needs besides the flight.
+struct Ctx<'a> {
+    inode: &'a Arc<Inode>,
+    ff: &'a Arc<FileFetch>,
+    src: &'a Arc<SourceFd>,
+}
+
+/// How a wait for a range of a flight ended.
+enum Got {
+    Ready,
+    /// Some of the range is still being fetched by others (only without waiting).
+    Pending,
+    Failed,
+    Aborted,
+}
+
+impl CachingFs {
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        // The short path: inside the chunk this handle last found present.
+        if let Some(Ok(buf)) = h
+            .fetch
+            .hint_read(offset, offset.saturating_add(size as u64))
+        {
+            let c = &self.stats.cache;
+            Stats::add(&c.read_hits, 1);
+            Stats::add(&c.hint_reads, 1);
+            Stats::add(&c.bytes_from_cache, buf.len() as u64);
+            return Ok(buf);
+        }
+        // Each pass that finds the file's generation changed under it starts over.
+        for _ in 0..16 {
+            if let Some(buf) = self.read_once(&h, offset, size)? {
+                return Ok(buf);
+            }
+        }
+        self.read_source(&h, offset, size)
+    }
+
+    /// One attempt at a read: `None` if the cached content changed meanwhile.
+    fn read_once(&self, h: &Handle, offset: u64, size: u32) -> Result<Option<Vec<u8>>> {
+        let mut guard = h.inode.file();
+        let state = guard.as_mut().ok_or(Errno::EBADF)?;
+        let file_size = state.record.identity.size;
+        if offset >= file_size {
+            return Ok(Some(Vec::new()));
+        }
+        let end = file_size.min(offset + size as u64);
+        if state.files.is_none() || state.fetch.data.is_none() {
+            drop(guard);
+            return self.read_source(h, offset, size).map(Some);
+        }
+        let cs = state.record.chunk_size;
+        let ff = state.fetch.clone();
+        let epoch = ff.epoch();
+        let (first, last) = (offset / cs, (end - 1) / cs);
+        // The fetch descriptor is closed once a file is complete; a reset since needs it.
+        if state.fetch_src.is_none() && (first..=last).any(|c| !state.record.is_present(c)) {
+            state.fetch_src = h.inode.path().and_then(|p| {
+                self.fetcher
+                    .open_source(|| self.source.open_file(&p, libc::O_RDONLY))
+            });
+        }
+        let chunk_len = |c: u64| cs.min(file_size - c * cs);
+        let mut flights = ff.flights.lock().unwrap();
+        // Missing chunks nobody fetches yet need a descriptor and room in the cache;
+        // without them the read goes to the source (and flights this read started are
+        // dropped: nothing is left half started).
+        let minute = (now_millis() / 60_000) as u32;
+        let mut need: Vec<(Arc<Flight>, bool)> = Vec::new();
+        let mut present_at_plan = true;
+        let mut startable = true;
+        for c in first..=last {
+            state.record.touch(c, minute);
+            if state.record.is_present(c) {
+                if ff.take_prefetched(c) {
+                    Stats::add(&self.stats.cache.prefetch_hits, 1);
+                }
+                continue;
+            }
+            present_at_plan = false;
+            if let Some(f) = flights.get(&c) {
+                need.push((f.clone(), false));
+                continue;
+            }
+            if state.fetch_src.is_none() || !self.usage.may_grow(chunk_len(c)) {
+                startable = false;
+                break;
+            }
+            let f = Flight::new(c, epoch, c * cs, chunk_len(c), false).reserving(&self.usage);
+            let f = Arc::new(f);
+            flights.insert(c, f.clone());
+            need.push((f, true));
+        }
+        if !startable {
+            for (f, mine) in need {
+                if mine {
+                    flights.remove(&f.chunk);
+                    f.finish(End::Aborted);
+                }
+            }
+            drop(flights);
+            drop(guard);
+            return self.read_source(h, offset, size).map(Some);
+        }
+        // Prefetch: the next chunks of a sequential reader, in the background.
+        if let Some(src) = state.fetch_src.clone() {
+            let window = self.fetcher.tun.window.load(Relaxed);
+            for c in h.fetch.observe(offset, end, cs, window) {
+                if c >= state.record.nchunks() {
+                    break;
+                }
+                if state.record.is_present(c) || flights.contains_key(&c) {
+                    continue;
+                }
+                if !self.usage.may_grow(chunk_len(c)) {
+                    break;
+                }
+                let f = Flight::new(c, epoch, c * cs, chunk_len(c), true).reserving(&self.usage);
+                let f = Arc::new(f);
+                flights.insert(c, f.clone());
+                let job = Job {
+                    inode: h.inode.clone(),
+                    ff: ff.clone(),
+                    flight: f,
+                    src: src.clone(),
+                };
+                if let Err(job) = self.fetcher.try_queue(job, false) {
+                    flights.remove(&c);
+                    drop(job);
+                    break;
+                }
+            }
+        }
+        let src = state.fetch_src.clone();
+        drop(flights);
+        drop(guard);
+
+        let mut got = Got::Ready;
+        let mut waited = false;
+        if !need.is_empty() {
+            // Present chunks need no descriptor; any flight here came with one.
+            let src = src.ok_or(Errno::EIO)?;
+            let ctx = Ctx {
+                inode: &h.inode,
+                ff: &ff,
+                src: &src,
+            };
+            // Our own pieces first, then the rest of the chunks we started goes to a
+            // worker (or, when none is free within the budget, we fetch it ourselves).
+            for (k, (f, mine)) in need.iter().enumerate() {
+                got = self.work(&ctx, f, f.pieces_of(offset, end), false, &mut waited);
+                if matches!(got, Got::Failed | Got::Aborted) {
+                    // Flights we started and nobody works on must not linger.
+                    for (f, mine) in &need[k + 1..] {
+                        if *mine {
+                            ff.remove(f);
+                            f.finish(End::Aborted);
+                        }
+                    }
+                    break;
+                }
+                if *mine && !f.is_done() {
+                    let job = Job {
+                        inode: h.inode.clone(),
+                        ff: ff.clone(),
+                        flight: f.clone(),
+                        src: src.clone(),
+                    };
+                    if self.fetcher.try_queue(job, true).is_err() {
+                        got = self.work(&ctx, f, 0..f.npieces(), false, &mut waited);
+                    }
+                }
+            }
+            if !matches!(got, Got::Failed | Got::Aborted) {
+                for (f, _) in &need {
+                    got = self.work(&ctx, f, f.pieces_of(offset, end), true, &mut waited);
+                    if !matches!(got, Got::Ready) {
+                        break;
+                    }
+                }
+            }
+        }
+        match got {
+            Got::Ready => {}
+            Got::Aborted => return Ok(None),
+            Got::Failed | Got::Pending => return self.read_source(h, offset, size).map(Some),
+        }
+        let early = need.iter().any(|(f, _)| f.end() != End::Complete);
+        let mut buf = vec![0u8; (end - offset) as usize];
+        let r = ff.with_data(epoch, |data| read_full(data, &mut buf, offset));
+        match r {
+            None => return Ok(None),
+            Some(Ok(n)) if n == buf.len() => {}
+            Some(_) => {
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                if let Some(state) = h.inode.file().as_mut()
+                    && Arc::ptr_eq(&state.fetch, &ff)
+                {
+                    self.drop_cached(state);
+                }
+                return self.read_source(h, offset, size).map(Some);
+            }
+        }
+        let c = &self.stats.cache;
+        Stats::add(
+            if need.is_empty() {
+                &c.read_hits
+            } else {
+                &c.read_misses
+            },
+            1,
+        );
+        Stats::add(&c.bytes_from_cache, buf.len() as u64);
+        if early {
+            Stats::add(&c.early_returns, 1);
+        }
+        if waited {
+            Stats::add(&c.fetch_waits, 1);
+        }
+        // The hint: the chunk this read lay in, if it is known present.
+        if first == last && (present_at_plan || !early) {
+            let range = first * cs..(first * cs + chunk_len(first));
+            h.fetch.set_hint(&ff, epoch, range, cs);
+        }
+        Ok(Some(buf))
+    }
+
+    /// The uncached path: straight from the source.
+    fn read_source(&self, h: &Handle, offset: u64, size: u32) -> Result<Vec<u8>> {
+        Stats::add(&self.stats.cache.read_misses, 1);
+        let fetch_src;
+        let src = match h.source.as_ref() {
+            Some(s) => s,
+            None => {
+                fetch_src = h
+                    .inode
+                    .file()
+                    .as_ref()
+                    .and_then(|s| s.fetch_src.clone())
+                    .ok_or(Errno::EIO)?;
+                &fetch_src.file
+            }
+        };
+        // Guarded: a hung source times out and the mount goes offline (`health.rs`).
+        let buf = self
+            .source
+            .with_fd(src.as_fd(), move |f| {
+                let mut buf = vec![0u8; size as usize];
+                let n = read_full(f, &mut buf, offset)?;
+                buf.truncate(n);
+                Ok(buf)
+            })
+            .map_err(errno)?;
+        Stats::add(&self.stats.cache.bytes_from_source, buf.len() as u64);
+        Ok(buf)
+    }
+
+    /// Fetches the unclaimed pieces of `range` of `f`; with `wait`, then waits for the
+    /// pieces others are fetching.
+    fn work(
+        &self,
+        ctx: &Ctx<'_>,
+        f: &Arc<Flight>,
+        range: std::ops::Range<usize>,
+        wait: bool,
+        waited: &mut bool,
+    ) -> Got {
+        loop {
+            match f.next(range.clone(), wait, waited) {
+                None => return Got::Pending,
+                Some(Step::Ready) => return Got::Ready,
+                Some(Step::Ended(End::Aborted)) => return Got::Aborted,
+                Some(Step::Ended(_)) => return Got::Failed,
+                Some(Step::Fetch(i)) => {
+                    if let Err(e) = self.fetch_piece(ctx, f, i) {
+                        return e;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads piece `i` of `f` from the source and writes it to the cache file; the writer
+    /// of the last piece marks the chunk present.
+    fn fetch_piece(
+        &self,
+        ctx: &Ctx<'_>,
+        f: &Arc<Flight>,
+        i: usize,
+    ) -> std::result::Result<(), Got> {
+        let r = f.piece(i);
+        let len = (r.end - r.start) as usize;
+        let start = r.start;
+        let got = self.source.with_fd(ctx.src.file.as_fd(), move |file| {
+            let mut buf = vec![0u8; len];
+            let n = read_full(file, &mut buf, start)?;
+            buf.truncate(n);
+            Ok(buf)
+        });
+        let (buf, n) = match got {
+            Ok(b) => {
+                let n = b.len();
+                (b, n)
+            }
+            Err(e) => {
+                tracing::debug!(
+                    "fetch of chunk {} failed: {e}; reading the source directly",
+                    f.chunk
+                );
+                return Err(self.flight_failed(ctx, f));
+            }
+        };
+        Stats::add(&self.stats.cache.bytes_from_source, n as u64);
+        if n < len {
+            // The source is shorter than the version we cache: it changed under us.
+            tracing::debug!("source shorter than cached version at chunk {}", f.chunk);
+            return Err(self.flight_failed(ctx, f));
+        }
+        let written = |d: &std::fs::File| {
+            d.write_all_at(&buf, r.start)?;
+            // Under the gate: an invalidation cannot slip between the write and this.
+            f.committed(len as u64);
+            Ok::<(), std::io::Error>(())
+        };
+        match ctx.ff.with_data(f.epoch, written) {
+            None => {
+                f.finish(End::Aborted);
+                return Err(Got::Aborted);
+            }
+            Some(Err(e)) => {
+                tracing::warn!("cache write failed: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                return Err(self.flight_failed(ctx, f));
+            }
+            Some(Ok(())) => {}
+        }
+        if f.piece_written(i) {
+            self.flight_complete(ctx, f);
+        }
+        Ok(())
+    }
+
+    fn flight_failed(&self, ctx: &Ctx<'_>, f: &Arc<Flight>) -> Got {
+        let mut guard = ctx.inode.file();
+        ctx.ff.remove(f);
+        f.finish(End::Failed(libc::EIO));
+        self.unload_if_idle(ctx.inode, &mut guard);
+        Got::Failed
+    }
+
+    /// Every piece is in the cache file: the chunk becomes present (crash rule 1: on disk
+    /// only at the next checkpoint, after fdatasync).
+    fn flight_complete(&self, ctx: &Ctx<'_>, f: &Arc<Flight>) {
+        let mut guard = ctx.inode.file();
+        let mut end = End::Aborted;
+        if let Some(state) = guard.as_mut()
+            && Arc::ptr_eq(&state.fetch, ctx.ff)
+            && ctx.ff.epoch() == f.epoch
+            && state.files.is_some()
+        {
+            end = End::Complete;
+            state.record.set_present(f.chunk, true);
+            state.unsynced += 1;
+            let c = &self.stats.cache;
+            Stats::add(&c.chunks_fetched, 1);
+            if f.prefetch {
+                Stats::add(&c.chunks_prefetched, 1);
+                ctx.ff.note_prefetched(f.chunk);
+            }
+            // A file completed while an open waits for its whole-file fetch is made
+            // durable at its last close (FUSE sends that release after close(2) has
+            // returned), not on the open's path.
+            let complete = state.record.is_complete();
+            if state.unsynced >= self.cfg.checkpoint_chunks || (complete && state.opening == 0) {
+                self.checkpoint(state);
+            }
+            if state.record.is_complete() {
+                // Nothing left to fetch: give the descriptor back (jobs still holding it
+                // close it when they end).
+                state.fetch_src = None;
+            }
+        }
+        ctx.ff.remove(f);
+        f.finish(end);
+        self.unload_if_idle(ctx.inode, &mut guard);
+    }
+
+    /// Small files are fetched whole on first open (xCachefs' threshold): every absent
+    /// chunk gets a flight (or joins the one in progress, so the file is fetched once however
+    /// many open it at once), queued for the workers; the opener then helps and waits
+    /// (`finish_whole_fetch`) without the state mutex.
+    pub(super) fn start_whole_fetch(
+        &self,
+        inode: &Arc<Inode>,
+        state: &mut FileState,
+    ) -> Option<WholeFetch> {
+        let src = state.fetch_src.clone()?;
+        state.files.as_ref()?;
+        let ff = state.fetch.clone();
+        let epoch = ff.epoch();
+        let cs = state.record.chunk_size;
+        let size = state.record.identity.size;
+        let mut flights = ff.flights.lock().unwrap();
+        let mut started = false;
+        let mut all = Vec::new();
+        for c in 0..state.record.nchunks() {
+            if state.record.is_present(c) {
+                continue;
+            }
+            if let Some(f) = flights.get(&c) {
+                all.push(f.clone());
+                continue;
+            }
+            let len = cs.min(size - c * cs);
+            if !self.usage.may_grow(len) {
+                break;
+            }
+            let f = Arc::new(Flight::new(c, epoch, c * cs, len, false).reserving(&self.usage));
+            flights.insert(c, f.clone());
+            all.push(f.clone());
+            started = true;
+            let job = Job {
+                inode: inode.clone(),
+                ff: ff.clone(),
+                flight: f,
+                src: src.clone(),
+            };
+            // No worker or no budget: the opener fetches it.
+            let _ = self.fetcher.try_queue(job, false);
+        }
+        if started {
+            Stats::add(&self.stats.cache.whole_file_fetches, 1);
+        }
+        drop(flights);
+        (!all.is_empty()).then_some(WholeFetch {
+            ff,
+            src,
+            flights: all,
+        })
+    }
+
+    /// Fetches what nobody fetches yet of a whole-file fetch, then waits for the rest.
+    pub(super) fn finish_whole_fetch(&self, inode: &Arc<Inode>, whole: &WholeFetch) {
+        let ctx = Ctx {
+            inode,
+            ff: &whole.ff,
+            src: &whole.src,
+        };
+        let mut waited = false;
+        for wait in [false, true] {
+            for f in &whole.flights {
+                self.work(&ctx, f, 0..f.npieces(), wait, &mut waited);
+            }
+        }
+    }
+
+    /// Drops the cache state of a file nobody has open and nothing fetches for.
+    pub(super) fn unload_if_idle(&self, inode: &Inode, guard: &mut Option<FileState>) {
+        let Some(state) = guard.as_mut() else {
+            return;
+        };
+        if state.daemon_opens + state.passthrough_opens + state.opening > 0 {
+            return;
+        }
+        // Durable now, even if fetches still in flight keep the state loaded a little
+        // longer (the last of them unloads it).
+        state.record.last_used = now_millis();
+        if state.unsynced == 0 && !state.written {
+            self.persist_record(state, false);
+        } else {
+            self.checkpoint(state);
+        }
+        if !state.fetch.busy() {
+            self.unload(inode, guard);
+        }
+    }
+
+    fn run_job(&self, job: &Job) {
+        let ctx = Ctx {
+            inode: &job.inode,
+            ff: &job.ff,
+            src: &job.src,
+        };
+        let mut waited = false;
+        self.work(
+            &ctx,
+            &job.flight,
+            0..job.flight.npieces(),
+            false,
+            &mut waited,
+        );
+    }
+}
+
+/// Starts the fetch workers (`--fetch-workers`).
+pub fn spawn_fetch_workers(fs: &Arc<CachingFs>) -> std::io::Result<()> {
+    for i in 0..fs.cfg.fetch_workers {
+        let weak: Weak<CachingFs> = Arc::downgrade(fs);
+        fs.fetcher.workers.fetch_add(1, Relaxed);
+        std::thread::Builder::new()
+            .name(format!("fetch-{i}"))
+            .spawn(move || {
+                loop {
+                    let Some(fs) = weak.upgrade() else { return };
+                    // Blocks while holding a strong reference: fine, the process ends
+                    // with the session.
+                    let job = fs.fetcher.pop();
+                    let len = job.flight.len;
+                    fs.run_job(&job);
+                    drop(job);
+                    fs.fetcher.job_done(len);
+                }
+            })?;
+    }
+    Ok(())
+}
