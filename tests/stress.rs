@@ -48,7 +48,12 @@ fn one_op(root: &Path, rng: &mut u64, buf: &mut [u8]) {
             }
         }
         3 | 4 => {
-            if let Ok(f) = fs::OpenOptions::new().write(true).create(true).open(&p) {
+            if let Ok(f) = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&p)
+            {
                 let data = pattern(1 + (r >> 40) as usize % 70_000, r);
                 let _ = f.write_all_at(&data, (r >> 24) % (2 << 20));
             }
