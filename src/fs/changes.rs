@@ -72,6 +72,16 @@ impl CachingFs {
                 self.inodes.renamed(path, to, false, nc.dir, to_dir);
                 self.cache.rename(path, to, 0);
             }
+            // Do the names we gave the kernel still say what the source says? Then the
+            // event was our own change and the kernel needs no notice: notices take the
+            // directory's lock in the kernel, which a request in flight may hold.
+            let names_agree = match &now {
+                Ok(st) => held.iter().any(|i| {
+                    (st.dev, st.ino) == i.key && st.file_type() == i.file_type
+                }),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => held.is_empty(),
+                Err(_) => false,
+            };
             for inode in held {
                 let same = now.as_ref().is_ok_and(|st| {
                     (st.dev, st.ino) == inode.key && st.file_type() == inode.file_type
@@ -80,7 +90,7 @@ impl CachingFs {
                     inode.remove_name(path);
                 }
             }
-            if nc.change.namespace {
+            if nc.change.namespace && !names_agree {
                 self.coherence
                     .notify(Notice::Entry(nc.dir, nc.name.clone()));
                 dirs_changed.insert(nc.dir);

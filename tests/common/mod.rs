@@ -20,6 +20,19 @@ pub struct TestMount {
     child: Option<Child>,
 }
 
+/// The fusectl connection number (the device minor) of the FUSE mount at `mnt`, read from
+/// mountinfo (a stat of a mount whose daemon is dead would hang).
+pub fn fuse_connection(mnt: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mnt.to_str()?;
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == want && l.contains(" - fuse"))
+            .then(|| f[2].split(':').nth(1)?.parse().ok())
+            .flatten()
+    })
+}
+
 pub fn is_mounted(mnt: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let want = mnt.to_str().unwrap();
@@ -151,8 +164,28 @@ impl TestMount {
 
     /// SIGKILL the daemon (a crash), then clear the dead mount.
     pub fn crash(&mut self) {
+        let conn = fuse_connection(&self.mnt);
         let mut child = self.child.take().expect("not mounted");
         child.kill().unwrap();
+        // A killed daemon whose notification is stuck behind a directory lock held by a
+        // request it will never answer cannot finish dying (the kernel keeps the FUSE
+        // connection while the thread is in there): abort the connection, as an
+        // administrator would (fusectl).
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if child.try_wait().unwrap().is_none()
+            && let Some(conn) = conn
+        {
+            let abort = format!("/sys/fs/fuse/connections/{conn}/abort");
+            if !Path::new(&abort).exists() {
+                let _ = Command::new("mount")
+                    .args(["-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"])
+                    .status();
+            }
+            let _ = std::fs::write(abort, "1");
+        }
         child.wait().unwrap();
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
         while is_mounted(&self.mnt) {
