@@ -1,6 +1,7 @@
 //! Faults of the cache's and the source's file systems, made with small tmpfs mounts:
 //! a full cache (ENOSPC), a read-only cache, a full source, a read-only source and a source
-//! unmounted lazily under the mount. Needs root (mount(2)); skipped otherwise.
+//! unmounted lazily under the mount; and a source disk that fails reads (EIO), made with a
+//! loop device whose backing file is cut short. Needs root (mount(2)); skipped otherwise.
 
 mod common;
 
@@ -286,5 +287,124 @@ fn source_faults_return_their_errno_and_wedge_nothing() {
         t.stats().requests["lookup"] > 0,
         "the daemon stopped answering"
     );
+    t.unmount();
+}
+
+/// ext4 on a loop device whose backing file is then cut short: reads of blocks beyond the
+/// cut fail in the block layer, and the file system answers EIO, as a failing disk does.
+struct ShrunkDisk {
+    _dir: tempfile::TempDir,
+    image: PathBuf,
+    path: PathBuf,
+    dev: String,
+}
+
+impl ShrunkDisk {
+    fn new() -> Option<ShrunkDisk> {
+        let dir = tempfile::Builder::new()
+            .prefix("hoardfs-eio")
+            .tempdir()
+            .unwrap();
+        let image = dir.path().join("disk.img");
+        let path = dir.path().join("fs");
+        fs::create_dir(&path).unwrap();
+        fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
+            .arg(&image)
+            .status();
+        if !mkfs.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: mkfs.ext4 (e2fsprogs) not available");
+            return None;
+        }
+        let out = Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(&image)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            eprintln!("skipped: no loop device");
+            return None;
+        }
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let disk = ShrunkDisk {
+            _dir: dir,
+            image,
+            path,
+            dev,
+        };
+        let st = Command::new("mount")
+            .arg(&disk.dev)
+            .arg(&disk.path)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount {}", disk.dev);
+        Some(disk)
+    }
+
+    /// Cuts the backing file to `len` bytes and drops the page cache, so reads reach the
+    /// (now partly missing) device.
+    fn cut(&self, len: u64) {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&self.image)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let _ = Command::new("losetup")
+            .args(["--set-capacity", &self.dev])
+            .status();
+        fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    }
+}
+
+impl Drop for ShrunkDisk {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+#[test]
+fn a_source_disk_that_fails_reads_gives_eio_and_nothing_else_breaks() {
+    if !root() {
+        return;
+    }
+    let Some(disk) = ShrunkDisk::new() else {
+        return;
+    };
+    // A file written last lands high on the device; the small one low.
+    fs::write(disk.path.join("small"), b"low blocks").unwrap();
+    fs::write(disk.path.join("big"), pattern(40 << 20, 3)).unwrap();
+    Command::new("sync").status().unwrap();
+    let mut t = TestMount::unmounted_at("mnt", &[]);
+    t.src = disk.path.clone();
+    t.mount();
+    assert_eq!(fs::read(t.m("small")).unwrap(), b"low blocks");
+    disk.cut(24 << 20);
+
+    // The lost blocks: EIO, promptly, through the mount; nothing of them is cached.
+    let r = bounded(10, "read of lost blocks", || fs::read(t.m("big")));
+    assert_eq!(errno_of(r), libc::EIO);
+    // The mount stays online (the source's root still answers) and serves the rest.
+    let s = t.stats();
+    assert!(s.health.online, "{:?}", s.health);
+    assert_eq!(fs::read(t.m("small")).unwrap(), b"low blocks");
+    let rec = fs::read(t.cache.join("meta/big")).ok();
+    if let Some(rec) = rec
+        && let Ok(rec) = hoardfs::cache::CacheRecord::decode(&rec)
+    {
+        assert!(
+            !rec.is_complete(),
+            "a file that failed to read is not complete"
+        );
+    }
     t.unmount();
 }
