@@ -1,7 +1,8 @@
 //! Faults of the cache's and the source's file systems, made with small tmpfs mounts:
 //! a full cache (ENOSPC), a read-only cache, a full source, a read-only source and a source
 //! unmounted lazily under the mount; and a source disk that fails reads (EIO), made with a
-//! loop device whose backing file is cut short. Needs root (mount(2)); skipped otherwise.
+//! loop device whose backing file is cut short; and a source that denies access (EACCES),
+//! a bindfs without the capability to override modes. Needs root; skipped otherwise.
 
 mod common;
 
@@ -406,5 +407,57 @@ fn a_source_disk_that_fails_reads_gives_eio_and_nothing_else_breaks() {
             "a file that failed to read is not complete"
         );
     }
+    t.unmount();
+}
+
+/// A source that denies access the mount's attributes allow: bindfs running without the
+/// capability to override file modes shows a file of nobody's with mode 0600 as 0666, but
+/// its own reads of it fail with EACCES. The mount passes that EACCES on, caches nothing of
+/// the file, and serves the rest.
+#[test]
+fn a_source_that_denies_access_gives_eacces() {
+    if !root() {
+        return;
+    }
+    let mut t = TestMount::unmounted_at("mnt", &[]);
+    let base = t.base();
+    let (real, src) = (base.join("real"), base.join("fusesrc"));
+    for p in [&real, &src] {
+        fs::create_dir_all(p).unwrap();
+    }
+    fs::write(real.join("secret"), b"nobody's only").unwrap();
+    std::os::unix::fs::chown(real.join("secret"), Some(65534), Some(65534)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(real.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(real.join("open"), b"for all").unwrap();
+    let st = Command::new("setpriv")
+        .args([
+            "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search",
+            "bindfs",
+            "--perms=a+rw",
+        ])
+        .arg(&real)
+        .arg(&src)
+        .status();
+    if !st.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: bindfs without DAC override did not mount");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _bindfs = Unmount(src.clone());
+    t.src = src;
+    t.mount();
+    let r = bounded(10, "read of a denied file", || fs::read(t.m("secret")));
+    assert_eq!(errno_of(r), libc::EACCES);
+    assert_eq!(fs::read(t.m("open")).unwrap(), b"for all");
+    let cached = fs::read(t.c("secret")).unwrap_or_default();
+    assert!(cached.iter().all(|b| *b == 0), "denied bytes were cached");
+    assert!(t.stats().health.online);
     t.unmount();
 }
