@@ -76,9 +76,9 @@ impl CachingFs {
             // event was our own change and the kernel needs no notice: notices take the
             // directory's lock in the kernel, which a request in flight may hold.
             let names_agree = match &now {
-                Ok(st) => held.iter().any(|i| {
-                    (st.dev, st.ino) == i.key && st.file_type() == i.file_type
-                }),
+                Ok(st) => held
+                    .iter()
+                    .any(|i| (st.dev, st.ino) == i.key && st.file_type() == i.file_type),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => held.is_empty(),
                 Err(_) => false,
             };
