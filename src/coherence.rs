@@ -19,7 +19,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
@@ -298,7 +298,9 @@ struct WatchMaps {
 /// inotify watches on the source's directories, keyed by the directory's node id.
 pub struct Watcher {
     fd: OwnedFd,
-    maps: Mutex<WatchMaps>,
+    /// Read on every lookup, getattr and opendir (is this directory watched?), written
+    /// only when a watch is added or dropped.
+    maps: RwLock<WatchMaps>,
 }
 
 const WATCH_MASK: WatchFlags = WatchFlags::CREATE
@@ -323,16 +325,16 @@ impl Watcher {
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC)?;
         Ok(Watcher {
             fd,
-            maps: Mutex::default(),
+            maps: RwLock::default(),
         })
     }
 
     pub fn is_watched(&self, dir: u64) -> bool {
-        self.maps.lock().unwrap().wd_of.contains_key(&dir)
+        self.maps.read().unwrap().wd_of.contains_key(&dir)
     }
 
     pub fn len(&self) -> usize {
-        self.maps.lock().unwrap().wd_of.len()
+        self.maps.read().unwrap().wd_of.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -346,7 +348,7 @@ impl Watcher {
         let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
         match inotify::add_watch(&self.fd, link.as_str(), WATCH_MASK) {
             Ok(wd) => {
-                let mut m = self.maps.lock().unwrap();
+                let mut m = self.maps.write().unwrap();
                 if let Some(old) = m.dir_of.insert(wd, dir)
                     && old != dir
                 {
@@ -365,7 +367,7 @@ impl Watcher {
 
     /// Stops watching directories the inode table no longer has.
     pub fn prune(&self, alive: impl Fn(u64) -> bool) {
-        let mut m = self.maps.lock().unwrap();
+        let mut m = self.maps.write().unwrap();
         let dead: Vec<(u64, i32)> = m
             .wd_of
             .iter()
@@ -428,7 +430,7 @@ impl Watcher {
                 } else {
                     let wd = ev.wd();
                     let dir = {
-                        let mut m = self.maps.lock().unwrap();
+                        let mut m = self.maps.write().unwrap();
                         let dir = m.dir_of.get(&wd).copied();
                         if mask.contains(ReadFlags::IGNORED)
                             && let Some(d) = dir
