@@ -252,7 +252,16 @@ fn source_faults_return_their_errno_and_wedge_nothing() {
     // The source's view of the file is what the mount serves.
     assert!(fs::read(t.m("fill")).unwrap() == fs::read(t.s("fill")).unwrap());
     fs::remove_file(t.m("fill")).unwrap();
-    fs::write(t.m("after"), b"room again").unwrap();
+    // The space comes back once every descriptor of the unlinked file is closed; FUSE
+    // releases are asynchronous, so give the daemon's a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = fs::write(t.m("after"), b"room again") {
+        assert!(
+            e.raw_os_error() == Some(libc::ENOSPC) && Instant::now() < deadline,
+            "{e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(fs::read(t.s("after")).unwrap(), b"room again");
 
     // A read-only source: EROFS for writes, reads still served.
