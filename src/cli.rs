@@ -197,6 +197,10 @@ pub struct MountArgs {
     /// Start disconnected: serve only what the cache holds until `hoardfs online`.
     #[arg(long, help_heading = CACHING)]
     pub offline: bool,
+    /// Changes while disconnected: `refuse` (EROFS) or `log` (applied to the cache, logged,
+    /// replayed to the source on reconnection; conflicts keep both versions) [default: refuse].
+    #[arg(long, value_enum, help_heading = CACHING)]
+    pub offline_writes: Option<config::OfflineWrites>,
     /// Serve reads of fully cached files through the daemon instead of FUSE passthrough.
     #[arg(long, help_heading = KERNEL)]
     pub no_passthrough: bool,
@@ -231,7 +235,7 @@ pub struct MountArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
     /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, watch=auto|on|off,
-    /// source_timeout=S, offline, no_stale_check,
+    /// source_timeout=S, offline, offline_writes=refuse|log, no_stale_check,
     /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
     /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE,
     /// metrics_addr=ADDR, fetch_workers=N, fetch_window=N, fetch_inflight=SIZE,
@@ -295,6 +299,7 @@ impl MountArgs {
             watch: config::WatchMode::Auto,
             source_timeout: None,
             start_offline: false,
+            offline_writes: config::OfflineWrites::Refuse,
             stale_check: true,
             passthrough: true,
             allow_other: false,
@@ -340,6 +345,7 @@ impl MountArgs {
                 "watch" => c.watch = need(value)?.parse()?,
                 "source_timeout" => c.source_timeout = Some(parse_secs(&need(value)?)?),
                 "offline" => c.start_offline = true,
+                "offline_writes" => c.offline_writes = need(value)?.parse()?,
                 "threads" => {
                     c.threads = need(value)?
                         .parse()
@@ -421,6 +427,9 @@ impl MountArgs {
             c.source_timeout = Some(v);
         }
         c.start_offline |= self.offline;
+        if let Some(v) = self.offline_writes {
+            c.offline_writes = v;
+        }
         if let Some(v) = self.threads {
             c.threads = v;
         }

@@ -75,6 +75,8 @@ pub struct Config {
     pub source_timeout: Option<Duration>,
     /// Start in disconnected mode (`hoardfs online` ends it).
     pub start_offline: bool,
+    /// What changes made while disconnected do (`fs/reintegrate.rs`).
+    pub offline_writes: OfflineWrites,
     pub stale_check: bool,
     pub passthrough: bool,
     pub allow_other: bool,
@@ -117,6 +119,24 @@ impl std::str::FromStr for WatchMode {
     fn from_str(s: &str) -> Result<Self, String> {
         <WatchMode as clap::ValueEnum>::from_str(s, true)
             .map_err(|_| format!("watch must be auto, on or off, not {s:?}"))
+    }
+}
+
+/// What happens to changes made while the mount is disconnected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OfflineWrites {
+    /// They fail with EROFS.
+    Refuse,
+    /// They are applied to the cache and logged durably, and replayed to the source when
+    /// it is back (conflicts keep both versions).
+    Log,
+}
+
+impl std::str::FromStr for OfflineWrites {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <OfflineWrites as clap::ValueEnum>::from_str(s, true)
+            .map_err(|_| format!("offline_writes must be refuse or log, not {s:?}"))
     }
 }
 

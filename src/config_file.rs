@@ -67,6 +67,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("negative_ttl", Kind::Value),
     ("watch", Kind::Value),
     ("source_timeout", Kind::Value),
+    ("offline_writes", Kind::Value),
     (
         "offline",
         Kind::Flag {

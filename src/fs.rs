@@ -28,6 +28,7 @@ use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 mod changes;
 mod fetch;
 mod offline;
+mod reintegrate;
 pub use changes::spawn_coherence_threads;
 pub use fetch::spawn_fetch_workers;
 
@@ -40,6 +41,7 @@ use crate::config::Config;
 use crate::fetch::{Fetcher, FileFetch, HandleFetch, SourceFd};
 use crate::health::{GuardedSource, Health};
 use crate::inode::{Inode, InodeLimits, InodeTable};
+use crate::oplog::OpLog;
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
 
@@ -88,6 +90,9 @@ pub struct FileState {
     unsynced: u32,
     /// A write went to the source since the last checkpoint (the on-disk record is dirty).
     written: bool,
+    /// Offline (`--offline-writes=log`): the source version the file's offline changes
+    /// are made to, set when it is first opened for writing offline.
+    offline_base: Option<crate::oplog::Base>,
 }
 
 impl FileState {
@@ -106,6 +111,9 @@ pub struct Handle {
     passthrough: Option<Arc<BackingId>>,
     /// Sequential detection and the short-path hint.
     fetch: HandleFetch,
+    /// Opened for writing while offline: writes go to the cache file, and its content to
+    /// the offline log on close (`fs/reintegrate.rs`).
+    logged: bool,
 }
 
 /// What `open` and `create` answer.
@@ -169,6 +177,12 @@ pub struct CachingFs {
     renames: RwLock<()>,
     /// The fetch engine's queue, budget and tunables (`crate::fetch`).
     pub fetcher: Fetcher,
+    /// Changes made offline, waiting for replay (`oplog.rs`, `fs/reintegrate.rs`).
+    oplog: Mutex<OpLog>,
+    /// Handles open for writing offline: replay waits until they are closed.
+    offline_writers: AtomicU64,
+    /// Serialises offline changes to the saved listings.
+    offline_edits: Mutex<()>,
 }
 
 /// File systems whose inode numbers may change while a file exists.
@@ -274,6 +288,21 @@ impl CachingFs {
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
+        let oplog = OpLog::open(&cache.root().join("oplog"))
+            .map_err(|e| anyhow::anyhow!("cannot open the offline log: {e}"))?;
+        let pending = oplog.pending().len();
+        source
+            .health
+            .log_pending
+            .store(pending as u64, Ordering::Relaxed);
+        if pending > 0 {
+            // The source gets them before anything else: the probe replays them.
+            tracing::info!("{pending} offline change(s) wait for replay to the source");
+            source.health.go_offline(
+                &format!("{pending} offline change(s) wait for replay"),
+                false,
+            );
+        }
         Ok(CachingFs {
             source,
             cache,
@@ -293,6 +322,9 @@ impl CachingFs {
             listed: Mutex::default(),
             renames: RwLock::new(()),
             fetcher: Fetcher::new(cfg.fetch_window, cfg.fetch_inflight, cfg.fetch_fds),
+            oplog: Mutex::new(oplog),
+            offline_writers: AtomicU64::new(0),
+            offline_edits: Mutex::new(()),
             cfg,
         })
     }
@@ -319,7 +351,7 @@ impl CachingFs {
         match key {
             "online" => {
                 match value {
-                    "on" | "true" | "1" | "yes" => self.source.health.go_online(true),
+                    "on" | "true" | "1" | "yes" => return self.reconnect(true),
                     "off" | "false" | "0" | "no" => {
                         self.source.health.go_offline("switched off by hand", true)
                     }
@@ -403,6 +435,13 @@ impl CachingFs {
                 fs.invalidate_everything();
             }
         });
+        let weak = Arc::downgrade(self);
+        self.source
+            .health
+            .set_reconnector(move |manual| match weak.upgrade() {
+                Some(fs) => fs.reconnect(manual),
+                None => Ok(()),
+            });
         crate::health::spawn_probe(self.source.clone())
     }
 
@@ -661,7 +700,9 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<FileAttr> {
-        self.changes_allowed()?;
+        if self.offline_change()? {
+            return self.offline_mkdir(parent, name, mode, uid, gid);
+        }
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mkdir(&path, mode).map_err(errno)?;
@@ -702,7 +743,9 @@ impl CachingFs {
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
-        self.changes_allowed()?;
+        if self.offline_change()? {
+            return self.offline_unlink(parent, name);
+        }
         let path = child(&self.path_of(parent)?, name)?;
         let before = self.source.stat(&path).map_err(errno)?;
         self.source.unlink(&path).map_err(errno)?;
@@ -724,7 +767,9 @@ impl CachingFs {
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
-        self.changes_allowed()?;
+        if self.offline_change()? {
+            return self.offline_rmdir(parent, name);
+        }
         let path = child(&self.path_of(parent)?, name)?;
         let before = self.source.stat(&path).ok();
         self.source.rmdir(&path).map_err(errno)?;
@@ -747,7 +792,9 @@ impl CachingFs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
-        self.changes_allowed()?;
+        if self.offline_change()? {
+            return self.offline_rename(parent, name, newparent, newname, flags);
+        }
         let _whole = self.renames.read().unwrap();
         let from = child(&self.path_of(parent)?, name)?;
         let to = child(&self.path_of(newparent)?, newname)?;
@@ -790,8 +837,10 @@ impl CachingFs {
     }
 
     pub fn setattr(&self, id: u64, fh: Option<u64>, attr: SetAttr) -> Result<FileAttr> {
-        self.changes_allowed()?;
         let inode = self.inode(id)?;
+        if self.offline_change()? {
+            return self.offline_setattr(&inode, &attr);
+        }
         let path = inode.path();
         let handle = fh.and_then(|fh| self.handle(fh).ok());
         // The caller's open file when it gave one: its name may be gone.
@@ -1078,7 +1127,9 @@ impl CachingFs {
         uid: u32,
         gid: u32,
     ) -> Result<(FileAttr, Opened)> {
-        self.changes_allowed()?;
+        if self.offline_change()? {
+            return self.offline_create(parent, name, mode, flags, uid, gid);
+        }
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         // Exclusive first, so that we know we made it and may give it to the caller; a file
@@ -1126,6 +1177,7 @@ impl CachingFs {
                 writable,
                 passthrough: None,
                 fetch: HandleFetch::default(),
+                logged: false,
             }),
         );
         Ok((
@@ -1156,7 +1208,7 @@ impl CachingFs {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let offline = || {
             if writable || flags & libc::O_TRUNC != 0 {
-                return Err(Errno::EROFS);
+                return self.offline_open_write(&inode, &path, flags);
             }
             let mut guard = inode.file();
             if guard.is_none() {
@@ -1345,6 +1397,7 @@ impl CachingFs {
                 writable,
                 passthrough: backing.clone(),
                 fetch: HandleFetch::default(),
+                logged: false,
             }),
         );
         self.grant_lease(id);
@@ -1383,6 +1436,7 @@ impl CachingFs {
             backing: Weak::new(),
             unsynced: 0,
             written: false,
+            offline_base: None,
         }
     }
 
@@ -1600,8 +1654,11 @@ impl CachingFs {
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        self.changes_allowed()?;
         let h = self.handle(fh)?;
+        if h.logged {
+            return self.offline_write(&h, offset, data);
+        }
+        self.changes_allowed()?;
         let src = h
             .source
             .as_ref()
@@ -1675,10 +1732,17 @@ impl CachingFs {
         Ok(data.len() as u32)
     }
 
-    pub fn flush(&self, id: u64, lock_owner: u64) -> Result<()> {
+    pub fn flush(&self, id: u64, fh: u64, lock_owner: u64) -> Result<()> {
         // close() drops the caller's POSIX locks on this file, as on a local file system.
         let lock = self.locks.lock().unwrap().remove(&(id, lock_owner));
         drop(lock);
+        // Written offline: the content goes to the offline log on close (Coda's store).
+        if let Ok(h) = self.handle(fh)
+            && h.logged
+            && let Some(state) = h.inode.file().as_mut()
+        {
+            return self.offline_store(&h.inode, state);
+        }
         Ok(())
     }
 
@@ -1697,6 +1761,9 @@ impl CachingFs {
                 .map_err(errno)?;
         }
         if let Some(state) = guard.as_mut() {
+            if h.logged {
+                return self.offline_store(&h.inode, state);
+            }
             self.checkpoint(state);
         }
         Ok(())
@@ -1707,6 +1774,14 @@ impl CachingFs {
             return Err(Errno::EBADF);
         };
         let mut guard = h.inode.file();
+        if h.logged {
+            if let Some(state) = guard.as_mut()
+                && let Err(e) = self.offline_store(&h.inode, state)
+            {
+                tracing::warn!("cannot log a file written offline at release: {e:?}");
+            }
+            self.offline_writers.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(state) = guard.as_mut() {
             if h.passthrough.is_some() {
                 state.passthrough_opens -= 1;

@@ -327,12 +327,12 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let _timer = self.fs.stats.start(Op::Flush);
-        Self::empty(reply, self.fs.flush(ino.0, lock_owner.0));
+        Self::empty(reply, self.fs.flush(ino.0, fh.0, lock_owner.0));
     }
 
     fn release(
@@ -347,7 +347,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let _timer = self.fs.stats.start(Op::Release);
         if let Some(owner) = lock_owner {
-            let _ = self.fs.flush(ino.0, owner.0);
+            let _ = self.fs.flush(ino.0, fh.0, owner.0);
         }
         Self::empty(reply, self.fs.release(fh.0));
     }

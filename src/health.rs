@@ -32,7 +32,7 @@ pub const OFFLINE: i32 = libc::EIO;
 
 /// Errors that may mean the source is unreachable rather than that one object is wrong;
 /// a probe of the root decides.
-fn may_mean_unreachable(e: &io::Error) -> bool {
+pub fn may_mean_unreachable(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(
@@ -72,6 +72,12 @@ pub struct HealthSnapshot {
     pub probes: u64,
     /// Requests answered from the cache, or refused, because the mount was offline.
     pub offline_requests: u64,
+    /// Changes made offline and not yet replayed to the source (`--offline-writes=log`).
+    pub log_pending: u64,
+    /// Offline changes replayed to the source, and conflicts met doing it (both versions
+    /// kept; see `<cache>/conflicts.log`).
+    pub log_replayed: u64,
+    pub conflicts: u64,
 }
 
 #[derive(Default)]
@@ -83,6 +89,9 @@ struct State {
 
 /// What runs after every switch, with the new state.
 type SwitchHook = Box<dyn Fn(bool) + Send + Sync>;
+/// What switches the mount online when the source answers (replaying offline changes
+/// first); the argument says whether by hand.
+type Reconnector = Box<dyn Fn(bool) -> Result<(), String> + Send + Sync>;
 
 /// The mount's connection state.
 pub struct Health {
@@ -95,8 +104,12 @@ pub struct Health {
     stuck: AtomicUsize,
     probes: AtomicU64,
     pub offline_requests: AtomicU64,
+    pub log_pending: AtomicU64,
+    pub log_replayed: AtomicU64,
+    pub conflicts: AtomicU64,
     /// Called with the new state after every switch (from the switching thread).
     on_switch: Mutex<Option<SwitchHook>>,
+    reconnector: Mutex<Option<Arc<Reconnector>>>,
 }
 
 impl Health {
@@ -111,7 +124,11 @@ impl Health {
             stuck: AtomicUsize::new(0),
             probes: AtomicU64::new(0),
             offline_requests: AtomicU64::new(0),
+            log_pending: AtomicU64::new(0),
+            log_replayed: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
             on_switch: Mutex::new(None),
+            reconnector: Mutex::new(None),
         };
         if start_offline {
             h.go_offline("started offline", true);
@@ -121,6 +138,26 @@ impl Health {
 
     pub fn set_on_switch(&self, f: impl Fn(bool) + Send + Sync + 'static) {
         *self.on_switch.lock().unwrap() = Some(Box::new(f));
+    }
+
+    pub fn set_reconnector(&self, f: impl Fn(bool) -> Result<(), String> + Send + Sync + 'static) {
+        *self.reconnector.lock().unwrap() = Some(Arc::new(Box::new(f)));
+    }
+
+    /// The source answers: go (or stay) online through the reconnector, which replays
+    /// offline changes first. The probe (`manual` false) does not undo a manual switch.
+    pub fn reconnect(&self, manual: bool) -> Result<(), String> {
+        if !manual && self.state.lock().unwrap().manual {
+            return Ok(());
+        }
+        let hook = self.reconnector.lock().unwrap().clone();
+        match hook {
+            Some(f) => f(manual),
+            None => {
+                self.go_online(manual);
+                Ok(())
+            }
+        }
     }
 
     pub fn online(&self) -> bool {
@@ -195,6 +232,9 @@ impl Health {
             stuck_calls: self.stuck.load(Relaxed) as u64,
             probes: self.probes.load(Relaxed),
             offline_requests: self.offline_requests.load(Relaxed),
+            log_pending: self.log_pending.load(Relaxed),
+            log_replayed: self.log_replayed.load(Relaxed),
+            conflicts: self.conflicts.load(Relaxed),
         }
     }
 
@@ -298,8 +338,8 @@ impl GuardedSource {
         }
     }
 
-    /// Like `call`, even while offline (the probe).
-    fn call_anyway<T: Send + 'static>(
+    /// Like `call`, even while offline (the probe, replaying offline changes).
+    pub fn call_anyway<T: Send + 'static>(
         &self,
         f: impl FnOnce(&BeneathRoot) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
@@ -380,7 +420,11 @@ pub fn spawn_probe(src: Arc<GuardedSource>) -> io::Result<()> {
             loop {
                 src.health.wait_probe();
                 match src.probe() {
-                    Ok(()) => src.health.go_online(false),
+                    Ok(()) => {
+                        if let Err(e) = src.health.reconnect(false) {
+                            tracing::debug!("staying offline: {e}");
+                        }
+                    }
                     Err(e) => {
                         if src.health.online() {
                             src.health

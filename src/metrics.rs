@@ -392,6 +392,24 @@ pub fn render(snap: &Snapshot, stats: &Stats) -> String {
             "Requests answered from the cache, or refused, while offline.",
             hs.offline_requests,
         ),
+        (
+            "hoardfs_offline_log_pending",
+            "gauge",
+            "Changes made offline not yet replayed to the source.",
+            hs.log_pending,
+        ),
+        (
+            "hoardfs_offline_log_replayed_total",
+            "counter",
+            "Offline changes replayed to the source.",
+            hs.log_replayed,
+        ),
+        (
+            "hoardfs_reintegration_conflicts_total",
+            "counter",
+            "Conflicts met replaying offline changes (both versions kept).",
+            hs.conflicts,
+        ),
     ] {
         o.one(name, kind, help, v);
     }

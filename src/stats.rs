@@ -336,6 +336,9 @@ impl Snapshot {
             ("stuck_calls", h.stuck_calls),
             ("probes", h.probes),
             ("offline_requests", h.offline_requests),
+            ("log_pending", h.log_pending),
+            ("log_replayed", h.log_replayed),
+            ("conflicts", h.conflicts),
         ] {
             let _ = writeln!(s, "  {name:<20} {n:>12}");
         }

@@ -325,3 +325,278 @@ fn a_dead_source_goes_offline_and_a_restarted_one_is_taken_up_again() {
         b"through the mount"
     );
 }
+
+// ------------------------------------------------------------ --offline-writes=log
+
+/// Like `snapshot`, without times (offline changes and the same changes made to a plain
+/// directory get different mtimes).
+fn shape(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let mut names: Vec<PathBuf> = fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let m = fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let what = if m.is_dir() {
+                stack.push(p.clone());
+                "dir".to_string()
+            } else if m.file_type().is_symlink() {
+                format!("-> {}", fs::read_link(&p).unwrap().display())
+            } else {
+                String::from_utf8_lossy(&fs::read(&p).unwrap()).into_owned()
+            };
+            out.push(format!("{rel} {:o} {what}", m.mode()));
+        }
+    }
+    out
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// The offline changes of the tests below, applied under `root` (the mount, or a plain
+/// copy of the source for the expected result).
+fn offline_edits(root: &Path) {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let p = |r: &str| root.join(r);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(p("hoard/f2"))
+        .unwrap()
+        .write_all(b"appended offline\n")
+        .unwrap();
+    fs::write(p("hoard/f3"), b"rewritten offline\n").unwrap();
+    fs::write(p("hoard/new"), b"made offline\n").unwrap();
+    fs::create_dir(p("hoard/newdir")).unwrap();
+    fs::write(p("hoard/newdir/inner"), b"inside a new directory\n").unwrap();
+    fs::rename(p("hoard/f4"), p("hoard/f4.renamed")).unwrap();
+    fs::rename(p("hoard/f6"), p("hoard/f7")).unwrap(); // over an existing file
+    fs::remove_file(p("hoard/f5")).unwrap();
+    fs::remove_dir(p("hoard/empty")).unwrap();
+    fs::set_permissions(p("hoard/f8"), fs::Permissions::from_mode(0o600)).unwrap();
+    // Written, renamed, then written again under the new name.
+    fs::write(p("hoard/moved"), b"first\n").unwrap();
+    fs::rename(p("hoard/moved"), p("hoard/moved2")).unwrap();
+    fs::write(p("hoard/moved2"), b"second\n").unwrap();
+    // Made and deleted offline: the source never sees it for long.
+    fs::write(p("hoard/tmp"), b"scratch").unwrap();
+    fs::remove_file(p("hoard/tmp")).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(p("hoard/f9"))
+        .unwrap()
+        .set_len(3)
+        .unwrap();
+}
+
+fn log_mount(t_args: &[&str]) -> TestMount {
+    let mut args = vec!["--offline-writes", "log"];
+    args.extend_from_slice(t_args);
+    let mut t = TestMount::new(&args);
+    make_tree(&t.src);
+    fs::create_dir(t.s("hoard/empty")).unwrap();
+    // Warm the tree (files and listings), including the empty directory.
+    let out = hoardfs(&["warm"], &t.m("hoard"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::read_dir(t.m("hoard/empty")).unwrap().for_each(drop);
+    t.extra_args = args.iter().map(|s| s.to_string()).collect();
+    t
+}
+
+#[test]
+fn offline_changes_are_kept_in_the_cache_and_replayed_on_reconnection() {
+    let t = log_mount(&[]);
+    let expected = t.base().join("expected");
+    copy_tree(&t.src, &expected);
+    offline_edits(&expected);
+    let source_before = shape(&t.src);
+
+    assert!(hoardfs(&["offline"], &t.mnt).status.success());
+    offline_edits(&t.mnt);
+    // The mount shows the changes at once; the source has none of them yet.
+    assert_eq!(shape(&t.m("hoard")), shape(&expected.join("hoard")));
+    assert_eq!(shape(&t.src), source_before);
+    let h = t.stats().health;
+    assert!(h.log_pending >= 10, "{h:?}");
+    // Unsupported offline: a directory rename (mv copies instead), a symlink.
+    assert_eq!(
+        errno_of(fs::rename(t.m("hoard/sub"), t.m("hoard/sub2"))),
+        Some(libc::EXDEV)
+    );
+    assert_eq!(
+        errno_of(std::os::unix::fs::symlink("x", t.m("hoard/l2"))),
+        Some(libc::EROFS)
+    );
+    // Writing a file the cache does not hold whole is impossible offline.
+    assert_eq!(
+        errno_of(fs::OpenOptions::new().append(true).open(t.m("uncached"))),
+        Some(libc::EIO)
+    );
+
+    let out = hoardfs(&["online"], &t.mnt);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h = t.stats().health;
+    assert!(h.online && h.log_pending == 0 && h.conflicts == 0, "{h:?}");
+    assert!(h.log_replayed >= 10, "{h:?}");
+    let dot = |root: &Path| {
+        shape(root)
+            .into_iter()
+            .filter(|l| !l.contains("hoardfs-"))
+            .count()
+    };
+    assert_eq!(
+        shape(&t.s("hoard")),
+        shape(&expected.join("hoard")),
+        "the source after replay"
+    );
+    assert_eq!(dot(&t.src), shape(&t.src).len(), "no temporary files left");
+    assert_eq!(
+        shape(&t.m("hoard")),
+        shape(&expected.join("hoard")),
+        "the mount after replay"
+    );
+    assert!(!t.cache.join("conflicts.log").exists());
+}
+
+#[test]
+fn a_file_changed_on_both_sides_ends_as_two_files_and_a_report() {
+    let t = log_mount(&[]);
+    assert!(hoardfs(&["offline"], &t.mnt).status.success());
+    fs::write(t.m("hoard/f1"), b"mount's version\n").unwrap();
+    fs::remove_file(t.m("hoard/f2")).unwrap();
+    fs::rename(t.m("hoard/f3"), t.m("hoard/f3.new")).unwrap();
+    fs::write(t.m("hoard/f10"), b"mount's f10\n").unwrap();
+    // Meanwhile, on the source:
+    fs::write(t.s("hoard/f1"), b"source's version\n").unwrap();
+    fs::write(t.s("hoard/f2"), b"source changed what the mount deleted\n").unwrap();
+    fs::write(t.s("hoard/f3"), b"source changed what the mount renamed\n").unwrap();
+    fs::remove_file(t.s("hoard/f10")).unwrap();
+
+    let out = hoardfs(&["online"], &t.mnt);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h = t.stats().health;
+    assert_eq!(
+        (h.online, h.log_pending, h.conflicts),
+        (true, 0, 4),
+        "{h:?}"
+    );
+    // Both versions of f1; the source's under the name.
+    assert_eq!(fs::read(t.s("hoard/f1")).unwrap(), b"source's version\n");
+    let copies = |prefix: &str| -> Vec<PathBuf> {
+        fs::read_dir(t.s("hoard"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_string_lossy().to_string();
+                n.starts_with(&format!("{prefix}.hoardfs-conflict-"))
+            })
+            .collect()
+    };
+    let f1 = copies("f1");
+    assert_eq!(f1.len(), 1, "{f1:?}");
+    assert_eq!(fs::read(&f1[0]).unwrap(), b"mount's version\n");
+    // A deletion and a rename of files changed on the source are not done.
+    assert_eq!(
+        fs::read(t.s("hoard/f2")).unwrap(),
+        b"source changed what the mount deleted\n"
+    );
+    assert_eq!(
+        fs::read(t.s("hoard/f3")).unwrap(),
+        b"source changed what the mount renamed\n"
+    );
+    assert!(!t.s("hoard/f3.new").exists());
+    // A file deleted on the source but written offline comes back beside its name.
+    assert!(!t.s("hoard/f10").exists());
+    let f10 = copies("f10");
+    assert_eq!(f10.len(), 1, "{f10:?}");
+    assert_eq!(fs::read(&f10[0]).unwrap(), b"mount's f10\n");
+    let report = fs::read_to_string(t.cache.join("conflicts.log")).unwrap();
+    assert_eq!(report.lines().count(), 4, "{report}");
+    for name in ["hoard/f1", "hoard/f2", "hoard/f3", "hoard/f10"] {
+        assert!(report.contains(name), "{name} not in {report}");
+    }
+    // The mount shows the source's versions now.
+    assert_eq!(fs::read(t.m("hoard/f1")).unwrap(), b"source's version\n");
+    assert_eq!(
+        fs::read(t.mnt.join(f1[0].strip_prefix(&t.src).unwrap())).unwrap(),
+        b"mount's version\n"
+    );
+}
+
+#[test]
+fn a_crash_during_replay_loses_and_repeats_nothing() {
+    // Crash right after the k-th change reached the source, before replay recorded it;
+    // the next daemon resumes the replay on its own.
+    let mut k = 1;
+    loop {
+        let mut t = log_mount(&[]);
+        let expected = t.base().join("expected");
+        copy_tree(&t.src, &expected);
+        offline_edits(&expected);
+        assert!(hoardfs(&["offline"], &t.mnt).status.success());
+        offline_edits(&t.mnt);
+        let pending = t.stats().health.log_pending;
+        t.unmount();
+        t.env = vec![("HOARDFS_FAILPOINT_REPLAY_ABORT".into(), k.to_string())];
+        // Started online with changes pending: the probe replays them, and the failpoint
+        // kills the daemon after the k-th.
+        t.extra_args = vec!["--offline-writes".into(), "log".into()];
+        t.mount();
+        within(Duration::from_secs(10), "the failpoint fired", || {
+            fs::read_to_string("/proc/self/mountinfo").is_ok()
+                && hoardfs::control::request_stats(&t.mnt).is_err()
+        });
+        t.crash();
+        t.env.clear();
+        t.mount();
+        within(
+            Duration::from_secs(10),
+            "replay resumed and finished",
+            || {
+                let h = t.stats().health;
+                h.online && h.log_pending == 0
+            },
+        );
+        let h = t.stats().health;
+        assert_eq!(h.conflicts, 0, "crash after change {k}: {h:?}");
+        assert_eq!(
+            shape(&t.s("hoard")),
+            shape(&expected.join("hoard")),
+            "crash after change {k}"
+        );
+        assert_eq!(
+            shape(&t.m("hoard")),
+            shape(&expected.join("hoard")),
+            "crash after change {k}"
+        );
+        k += std::env::var("HOARDFS_REPLAY_CRASH_STEP").map_or(3, |v| v.parse().unwrap()); // every third instant keeps CI short; the changes are of all kinds
+        if k > pending {
+            break;
+        }
+    }
+}

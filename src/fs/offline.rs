@@ -5,7 +5,7 @@
 //! from cache files whose records are whole and clean, symlink targets from the listings.
 //! Nothing offline ever discards cached data. What the cache does not hold fails at once:
 //! `EIO` for names in directories never listed and for data never fetched, `ENOENT` for
-//! names a complete listing does not have, `EROFS` for every change.
+//! names a complete listing does not have, `EROFS` for every change unless `--offline-writes=log` (`fs/reintegrate.rs`).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -180,6 +180,27 @@ impl CachingFs {
         self.cache.drop_listing(dir);
     }
 
+    /// Changes the saved listing of `dir` (an offline change, `fs/reintegrate.rs`): `EIO`
+    /// if there is none.
+    pub(super) fn edit_listing<T>(
+        &self,
+        dir: &Path,
+        f: impl FnOnce(&mut DirListing) -> Result<T>,
+    ) -> Result<T> {
+        let mut listing = self.listing_for(dir, None)?.listing.clone();
+        let r = f(&mut listing)?;
+        self.cache.save_listing(&listing).map_err(|e| {
+            tracing::warn!(?dir, "cannot save a listing changed offline: {e}");
+            Errno::EIO
+        })?;
+        let mut listed = self.listed.lock().unwrap();
+        listed.taken.remove(dir);
+        listed
+            .loaded
+            .insert(dir.to_path_buf(), Arc::new(Indexed::new(listing)));
+        Ok(r)
+    }
+
     /// The saved listing of `dir`, decoded once and kept while offline lookups use it.
     fn loaded_listing(&self, dir: &Path) -> Option<Arc<Indexed>> {
         if let Some(l) = self.listed.lock().unwrap().loaded.get(dir) {
@@ -201,7 +222,7 @@ impl CachingFs {
 
     /// The saved listing of `dir` if it belongs to the directory `st` (a listing left
     /// from an older directory of the same name is never used).
-    fn listing_for(&self, dir: &Path, st: Option<&Stat>) -> Result<Arc<Indexed>> {
+    pub(super) fn listing_for(&self, dir: &Path, st: Option<&Stat>) -> Result<Arc<Indexed>> {
         let l = self.loaded_listing(dir).ok_or(Errno::EIO)?;
         if let Some(st) = st
             && (l.listing.dir.dev, l.listing.dir.ino) != (st.dev, st.ino)
@@ -212,7 +233,7 @@ impl CachingFs {
     }
 
     /// The last known attributes of `path` (a directory's own come from its listing).
-    fn offline_stat(&self, path: &Path) -> Result<Stat> {
+    pub(super) fn offline_stat(&self, path: &Path) -> Result<Stat> {
         if path.as_os_str().is_empty() {
             return Ok(self.listing_for(path, None)?.listing.dir);
         }

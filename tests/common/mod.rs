@@ -17,6 +17,8 @@ pub struct TestMount {
     pub cache: PathBuf,
     pub mnt: PathBuf,
     pub extra_args: Vec<String>,
+    /// Environment variables for the daemon (failpoints).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -73,6 +75,7 @@ impl TestMount {
             cache,
             mnt,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             child: None,
         }
     }
@@ -98,6 +101,7 @@ impl TestMount {
             cache,
             mnt,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             child: None,
         };
         m.mount();
@@ -117,6 +121,7 @@ impl TestMount {
                 "HOARDFS_LOG",
                 std::env::var("HOARDFS_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn hoardfs");
