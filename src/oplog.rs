@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -153,6 +154,15 @@ pub struct OpLog {
     touched: HashSet<PathBuf>,
 }
 
+fn private_file(p: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(p)
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -173,7 +183,11 @@ fn decode(line: &str) -> Option<Entry> {
 impl OpLog {
     /// Opens (or creates) the log in `dir`, dropping a torn last line.
     pub fn open(dir: &Path) -> io::Result<OpLog> {
-        fs::create_dir_all(dir.join("data"))?;
+        // Owner-only, like the rest of the cache: it holds file contents.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir.join("data"))?;
         let path = dir.join("log");
         let mut entries = Vec::new();
         let mut good_len = 0u64;
@@ -199,6 +213,7 @@ impl OpLog {
             .create(true)
             .read(true)
             .append(true)
+            .mode(0o600)
             .open(&path)?;
         if log.metadata()?.len() != good_len {
             tracing::warn!("offline log: dropping a torn last entry");
@@ -281,7 +296,7 @@ impl OpLog {
     /// Copies `content` into the container of the next entry, durably.
     pub fn stash(&self, content: &File) -> io::Result<()> {
         let dest = self.container(self.next_seq);
-        let mut out = File::create(&dest)?;
+        let mut out = private_file(&dest)?;
         let mut src = content.try_clone()?;
         io::Seek::seek(&mut src, io::SeekFrom::Start(0))?;
         io::copy(&mut src, &mut out)?;
@@ -339,7 +354,7 @@ impl OpLog {
 
     fn save_progress(&mut self, progress: Progress) -> io::Result<()> {
         let tmp = self.dir.join("progress.tmp");
-        let mut f = File::create(&tmp)?;
+        let mut f = private_file(&tmp)?;
         f.write_all(&serde_json::to_vec(&progress).expect("progress serialises"))?;
         f.sync_all()?;
         fs::rename(&tmp, self.dir.join("progress"))?;

@@ -24,7 +24,7 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -780,8 +780,11 @@ impl CachingFs {
             .to_string_lossy()
             .to_string();
         let dest = dir.join(format!("{}-{name}", e.seq));
-        let r =
-            std::fs::create_dir_all(&dir).and_then(|_| std::fs::copy(log.container(e.seq), &dest));
+        let r = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|_| std::fs::copy(log.container(e.seq), &dest));
         match r {
             Ok(_) => dest.display().to_string(),
             Err(err) => format!("(nowhere: {err})"),
@@ -807,6 +810,7 @@ impl CachingFs {
         let r = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(self.cache.root().join("conflicts.log"))
             .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.sync_data()));
         if let Err(err) = r {
@@ -1007,7 +1011,7 @@ impl CachingFs {
                     libc::RENAME_NOREPLACE
                 };
                 let (q, d) = (f.clone(), dest.clone());
-                self.source.call_anyway(move |r| r.rename(&q, &d, flags))?;
+                self.source.call_anyway(move |r| rename(r, &q, &d, flags))?;
                 produced.insert(f, Produced::Left(None));
                 if to_holds {
                     let after = self.current(&t)?;
@@ -1135,7 +1139,7 @@ impl CachingFs {
         })?;
         let (q, d) = (tmp.clone(), p.to_path_buf());
         let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
-        let r = self.source.call_anyway(move |r| r.rename(&q, &d, flags));
+        let r = self.source.call_anyway(move |r| rename(r, &q, &d, flags));
         if r.is_err() {
             let q = tmp.clone();
             let _ = self.source.call_anyway(move |r| r.unlink(&q));
@@ -1235,6 +1239,25 @@ fn failpoint_after_replay() {
     if DONE.fetch_add(1, Relaxed) + 1 == n {
         tracing::error!("failpoint: aborting after replayed change {n}");
         std::process::abort();
+    }
+}
+
+/// `rename`, where `RENAME_NOREPLACE` also works on sources without `renameat2` flags
+/// (FUSE sources such as sshfs and bindfs answer `EINVAL`): there a hard link stands in
+/// (it never replaces), or, where links are not supported either, a check just before.
+fn rename(r: &crate::source::BeneathRoot, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+    match r.rename(from, to, flags) {
+        Err(e) if flags == libc::RENAME_NOREPLACE && os_errno(&e) == Some(libc::EINVAL) => {
+            match r.link(from, to) {
+                Ok(()) => r.unlink(from),
+                Err(e) if os_errno(&e) == Some(libc::EEXIST) => Err(e),
+                Err(_) => match r.stat(to) {
+                    Ok(_) => Err(io::Error::from_raw_os_error(libc::EEXIST)),
+                    Err(_) => r.rename(from, to, 0),
+                },
+            }
+        }
+        r => r,
     }
 }
 
