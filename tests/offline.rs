@@ -636,3 +636,129 @@ fn a_dead_source_comes_back_and_gets_the_changes_made_while_it_was_away() {
     );
     assert_eq!(shape(&m.m("hoard")), shape(&expected.join("hoard")));
 }
+
+mod offline_model {
+    //! Random sequences of the changes supported offline, made to an offline mount and to
+    //! a plain directory: every call answers alike, the mount shows the plain directory's
+    //! tree, and after reconnection so does the source.
+    use super::*;
+    use proptest::prelude::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const FILES: &[&str] = &["a", "b", "c", "d/x", "d/y", "e/z"];
+    const DIRS: &[&str] = &["d", "e", "f"];
+
+    #[derive(Clone, Debug)]
+    enum Change {
+        Write {
+            path: usize,
+            data: Vec<u8>,
+            append: bool,
+        },
+        Truncate {
+            path: usize,
+            len: u64,
+        },
+        Rename {
+            from: usize,
+            to: usize,
+        },
+        Unlink(usize),
+        Mkdir(usize),
+        Rmdir(usize),
+        Chmod {
+            path: usize,
+            mode: u32,
+        },
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        let f = 0..FILES.len();
+        let d = 0..DIRS.len();
+        prop_oneof![
+            3 => (f.clone(), proptest::collection::vec(any::<u8>(), 0..300), any::<bool>())
+                .prop_map(|(path, data, append)| Change::Write { path, data, append }),
+            1 => (f.clone(), 0..400u64).prop_map(|(path, len)| Change::Truncate { path, len }),
+            2 => (f.clone(), f.clone()).prop_map(|(from, to)| Change::Rename { from, to }),
+            1 => f.clone().prop_map(Change::Unlink),
+            1 => d.clone().prop_map(Change::Mkdir),
+            1 => d.prop_map(Change::Rmdir),
+            1 => (f, prop_oneof![Just(0o600u32), Just(0o644), Just(0o755)])
+                .prop_map(|(path, mode)| Change::Chmod { path, mode }),
+        ]
+    }
+
+    fn apply(root: &Path, c: &Change) -> Result<(), i32> {
+        use std::io::Write;
+        let p = |i: usize| root.join("hoard").join(FILES[i]);
+        let d = |i: usize| root.join("hoard").join(DIRS[i]);
+        let r = match c {
+            Change::Write { path, data, append } => fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .append(*append)
+                .truncate(!*append)
+                .open(p(*path))
+                .and_then(|mut f| f.write_all(data)),
+            Change::Truncate { path, len } => fs::OpenOptions::new()
+                .write(true)
+                .open(p(*path))
+                .and_then(|f| f.set_len(*len)),
+            Change::Rename { from, to } => fs::rename(p(*from), p(*to)),
+            Change::Unlink(i) => fs::remove_file(p(*i)),
+            Change::Mkdir(i) => fs::create_dir(d(*i)),
+            Change::Rmdir(i) => fs::remove_dir(d(*i)),
+            Change::Chmod { path, mode } => {
+                fs::set_permissions(p(*path), fs::Permissions::from_mode(*mode))
+            }
+        };
+        r.map_err(|e| e.raw_os_error().unwrap_or(-1))
+    }
+
+    fn run(changes: &[Change]) {
+        let t = TestMount::new(&["--offline-writes", "log"]);
+        fs::create_dir_all(t.s("hoard/d")).unwrap();
+        fs::write(t.s("hoard/a"), b"source a").unwrap();
+        fs::write(t.s("hoard/d/x"), b"source d/x").unwrap();
+        assert!(hoardfs(&["warm"], &t.m("hoard")).status.success());
+        let reference = t.base().join("reference");
+        copy_tree(&t.src, &reference);
+        assert!(hoardfs(&["offline"], &t.mnt).status.success());
+        for (i, c) in changes.iter().enumerate() {
+            let want = apply(&reference, c);
+            let got = apply(&t.mnt, c);
+            assert_eq!(got, want, "change {i}: {c:?}");
+        }
+        assert_eq!(
+            shape(&t.m("hoard")),
+            shape(&reference.join("hoard")),
+            "offline view"
+        );
+        let out = hoardfs(&["online"], &t.mnt);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let h = t.stats().health;
+        assert_eq!((h.log_pending, h.conflicts), (0, 0), "{h:?}");
+        assert_eq!(
+            shape(&t.s("hoard")),
+            shape(&reference.join("hoard")),
+            "the source"
+        );
+        assert_eq!(
+            shape(&t.m("hoard")),
+            shape(&reference.join("hoard")),
+            "online view"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: std::env::var("HOARDFS_OFFLINE_MODEL_CASES").map_or(40, |v| v.parse().unwrap()), failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn offline_changes_match_a_plain_directory(changes in proptest::collection::vec(change(), 1..25)) {
+            run(&changes);
+        }
+    }
+}
