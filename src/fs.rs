@@ -1984,6 +1984,11 @@ impl EvictTarget for CachingFs {
         if open {
             return 0;
         }
+        // Changed offline and not yet replayed: the offline view needs it (the log has
+        // its content anyway). While a replay holds the log, nothing is evicted.
+        if self.oplog.try_lock().map_or(true, |log| log.touches(rel)) {
+            return 0;
+        }
         if let Some(chunks) = chunks {
             return self.evict_chunks(rel, chunks);
         }

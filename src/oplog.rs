@@ -284,6 +284,11 @@ impl OpLog {
         }
     }
 
+    /// Whether a pending entry changed `p`.
+    pub fn touches(&self, p: &Path) -> bool {
+        self.touched.contains(p)
+    }
+
     /// The sequence number the next entry will get (its container's name).
     pub fn next_seq(&self) -> u64 {
         self.next_seq

@@ -441,6 +441,28 @@ fn offline_changes_are_kept_in_the_cache_and_replayed_on_reconnection() {
     assert_eq!(shape(&t.src), source_before);
     let h = t.stats().health;
     assert!(h.log_pending >= 10, "{h:?}");
+    // The cleaner keeps what was changed offline (everything else may go).
+    let out = Command::new(BIN)
+        .args(["clean"])
+        .arg(&t.mnt)
+        .args(["--to", "0"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [
+        "hoard/f2",
+        "hoard/f3",
+        "hoard/new",
+        "hoard/newdir/inner",
+        "hoard/f4.renamed",
+    ] {
+        assert!(t.c(f).exists(), "{f} evicted");
+    }
+    assert!(!t.c("hoard/f11").exists(), "the cleaner did not run");
     // Unsupported offline: a directory rename (mv copies instead), a symlink.
     assert_eq!(
         errno_of(fs::rename(t.m("hoard/sub"), t.m("hoard/sub2"))),
