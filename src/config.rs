@@ -37,6 +37,9 @@ pub const DEFAULT_FETCH_WINDOW: u64 = 8;
 pub const DEFAULT_FETCH_INFLIGHT: u64 = 64 << 20;
 /// Source descriptors kept open for fetching (one per open, partially cached file).
 pub const DEFAULT_FETCH_FDS: u64 = 256;
+/// Files of a directory fetched whole ahead of a reader that opens them in listing order
+/// (`grep -r`, `cp -r`, `tar`). See docs/performance.md for the measurements.
+pub const DEFAULT_FETCH_DIR_PREFETCH: u64 = 16;
 
 /// Estimated memory per inode-table entry: the daemon's entry (measured ~0.45 KiB with its
 /// maps, queues and path: 1,000,000 entries, 450 MiB RSS) plus the kernel's FUSE inode and
@@ -83,11 +86,13 @@ pub struct Config {
     pub threads: usize,
     pub checkpoint_chunks: u32,
     /// The fetch engine (`fetch.rs`): worker threads, largest prefetch window in chunks,
-    /// bytes queued for workers, source descriptors kept for fetching.
+    /// bytes queued for workers, source descriptors kept for fetching, files of a
+    /// directory fetched ahead of a reader going through it in order (0: none).
     pub fetch_workers: usize,
     pub fetch_window: u64,
     pub fetch_inflight: u64,
     pub fetch_fds: u64,
+    pub fetch_dir_prefetch: u64,
     /// Soft maximum of inode-table entries (`inode.rs`).
     pub max_inodes: usize,
     /// Cache size limit in bytes; `None`: `cache_share` percent of the cache's file system.
