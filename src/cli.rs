@@ -160,7 +160,8 @@ pub struct MountArgs {
     /// Trust the cache: do not compare cached files with the source on open.
     #[arg(long, help_heading = CACHING)]
     pub no_stale_check: bool,
-    /// Threads fetching from the source in the background [default: one per CPU, 2..8].
+    /// Threads fetching from the source in the background [default: one per CPU, 2..8;
+    /// at least 8 on network and FUSE sources].
     #[arg(long, help_heading = CACHING)]
     pub fetch_workers: Option<usize>,
     /// Largest prefetch window of a sequential reader, in chunks; 0 turns prefetch off
@@ -306,7 +307,7 @@ impl MountArgs {
             foreground: false,
             threads: 4,
             checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
-            fetch_workers: config::default_fetch_workers(),
+            fetch_workers: None,
             fetch_window: config::DEFAULT_FETCH_WINDOW,
             fetch_inflight: config::DEFAULT_FETCH_INFLIGHT,
             fetch_fds: config::DEFAULT_FETCH_FDS,
@@ -364,7 +365,7 @@ impl MountArgs {
                         .parse()
                         .map_err(|_| format!("invalid number in {opt:?}"))?;
                     match key {
-                        "fetch_workers" => c.fetch_workers = v as usize,
+                        "fetch_workers" => c.fetch_workers = Some(v as usize),
                         "fetch_window" => c.fetch_window = v,
                         "fetch_dir_prefetch" => c.fetch_dir_prefetch = v,
                         _ => c.fetch_fds = v,
@@ -430,7 +431,7 @@ impl MountArgs {
         if let Some(v) = self.threads {
             c.threads = v;
         }
-        c.fetch_workers = self.fetch_workers.unwrap_or(c.fetch_workers);
+        c.fetch_workers = self.fetch_workers.or(c.fetch_workers);
         c.fetch_window = self.fetch_window.unwrap_or(c.fetch_window);
         c.fetch_inflight = self.fetch_inflight.unwrap_or(c.fetch_inflight);
         c.fetch_fds = self.fetch_fds.unwrap_or(c.fetch_fds);

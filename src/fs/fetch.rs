@@ -656,7 +656,12 @@ impl CachingFs {
 
 /// Starts the fetch workers (`--fetch-workers`).
 pub fn spawn_fetch_workers(fs: &Arc<CachingFs>) -> std::io::Result<()> {
-    for i in 0..fs.cfg.fetch_workers {
+    let n = fs.cfg.fetch_workers.unwrap_or_else(|| {
+        let remote = std::fs::File::open(&fs.cfg.source)
+            .is_ok_and(|d| crate::coherence::is_remote(d.as_fd()));
+        crate::config::default_fetch_workers(remote)
+    });
+    for i in 0..n {
         let weak: Weak<CachingFs> = Arc::downgrade(fs);
         fs.fetcher.workers.fetch_add(1, Relaxed);
         std::thread::Builder::new()
