@@ -2,6 +2,7 @@
 """Fetch-engine measurements (issue 9), on bench.py's sources; run as root:
 
     cargo build --release && python3 bench/fetch.py [--runs 3] [--only seq,random,many,grep]
+        [--grep-srcs remote,slow,local] [--grep-variants 'dp0=--fetch-dir-prefetch 0;dp16=']
 
 Uses bench.py's set-up and tear-down (local dir, throttled loop-device ext4, SSHFS over a
 100 Mbit/s shaped veth) with a smaller grep tree (/usr/include/linux and c++). Prints a
@@ -108,24 +109,28 @@ def many_readers(srcs, k=10):
                 rec("many", name, label, el, readers=k, **extra)
 
 
-def grep(srcs):
+def grep(srcs, variants, names):
+    """Cold grep -r: the source directly (after drop_caches, sshfs remounted) against
+    fresh hoardfs mounts; `variants` are (label, extra args)."""
     env = dict(os.environ, LC_ALL="C")
-    for name in ("remote", "slow"):
+    for name in names:
         src = srcs[name]
-        systems = ["source", "hoardfs"]
+        systems = [("source", None)] + variants
         for r in range(B.P["runs"]):
-            for label in B.rotate(systems, r):
-                if label == "source":
+            for label, extra in B.rotate(systems, r):
+                if extra is None:
                     src.refresh()
                     B.drop_caches()
                     rec("grep", name, "source", B.timed(B.GREP + [os.path.join(src.path, "tree")], ok=(0, 1), env=env))
                 else:
-                    h = B.Hoardfs("hoardfs", src)
+                    h = B.Hoardfs(label, src, extra)
                     h.start(fresh=True)
                     v = B.timed(B.GREP + [os.path.join(h.mnt, "tree")], ok=(0, 1), env=env)
                     s = h.stats()["cache"]
-                    rec("grep", name, "hoardfs", v, from_source=s["bytes_from_source"],
-                        whole=s["whole_file_fetches"])
+                    rec("grep", name, label, v, from_source=s["bytes_from_source"],
+                        whole=s["whole_file_fetches"], dir_prefetched=s.get("dir_prefetch_files"),
+                        dir_hits=s.get("dir_prefetch_hits"), dir_dropped=s.get("dir_prefetch_dropped"),
+                        open_hits=s["open_hits"], open_misses=s["open_misses"])
                     h.stop()
 
 
@@ -150,6 +155,9 @@ def main():
     ap.add_argument("--seq-srcs", default="slow,remote,local")
     ap.add_argument("--workers-only", action="store_true",
                     help="seq: compare --fetch-workers 1, 2, 4 only")
+    ap.add_argument("--grep-srcs", default="remote,slow,local")
+    ap.add_argument("--grep-variants", default="hoardfs=",
+                    help="grep: ';'-separated LABEL=ARGS, e.g. 'dp0=--fetch-dir-prefetch 0;dp16=--fetch-dir-prefetch 16'")
     a = ap.parse_args()
     B.P = dict(B.FULL, runs=a.runs, tree=["linux", "c++"], pages_files=4,
                seq={"local": 1024 * MIB, "slow": 512 * MIB, "remote": 64 * MIB})
@@ -179,7 +187,11 @@ def main():
         if "many" in only:
             many_readers(srcs)
         if "grep" in only:
-            grep(srcs)
+            variants = []
+            for v in a.grep_variants.split(";"):
+                label, _, args = v.partition("=")
+                variants.append((label, args.split()))
+            grep(srcs, variants, a.grep_srcs.split(","))
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                     git=B.sh(["git", "-C", B.REPO, "describe", "--always", "--dirty"], check=False).stdout.strip(),
                     load_before=load0, load_after=os.getloadavg(), throttle=B.META.get("throttle"))

@@ -160,7 +160,8 @@ pub struct MountArgs {
     /// Trust the cache: do not compare cached files with the source on open.
     #[arg(long, help_heading = CACHING)]
     pub no_stale_check: bool,
-    /// Threads fetching from the source in the background [default: one per CPU, 2..8].
+    /// Threads fetching from the source in the background [default: one per CPU, 2..8;
+    /// at least 8 on network and FUSE sources].
     #[arg(long, help_heading = CACHING)]
     pub fetch_workers: Option<usize>,
     /// Largest prefetch window of a sequential reader, in chunks; 0 turns prefetch off
@@ -174,6 +175,10 @@ pub struct MountArgs {
     /// files go to the source uncached [default: 256].
     #[arg(long, help_heading = CACHING)]
     pub fetch_fds: Option<u64>,
+    /// Files of a directory fetched whole in the background ahead of a reader opening
+    /// them in listing order (grep -r, cp -r); 0 turns it off [default: 16].
+    #[arg(long, help_heading = CACHING)]
+    pub fetch_dir_prefetch: Option<u64>,
 
     /// Seconds the kernel may keep a name lookup [default: 60 in watched directories,
     /// 1 elsewhere].
@@ -239,7 +244,7 @@ pub struct MountArgs {
     /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
     /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE,
     /// metrics_addr=ADDR, fetch_workers=N, fetch_window=N, fetch_inflight=SIZE,
-    /// fetch_fds=N; the generic mount(8) options
+    /// fetch_fds=N, fetch_dir_prefetch=N; the generic mount(8) options
     /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
     /// are accepted and ignored.
     #[arg(short = 'o', value_name = "OPTIONS", help_heading = PROCESS)]
@@ -307,10 +312,11 @@ impl MountArgs {
             foreground: false,
             threads: 4,
             checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
-            fetch_workers: config::default_fetch_workers(),
+            fetch_workers: None,
             fetch_window: config::DEFAULT_FETCH_WINDOW,
             fetch_inflight: config::DEFAULT_FETCH_INFLIGHT,
             fetch_fds: config::DEFAULT_FETCH_FDS,
+            fetch_dir_prefetch: config::DEFAULT_FETCH_DIR_PREFETCH,
             max_inodes: 0,
             cache_size: None,
             cache_share: config::DEFAULT_CACHE_SHARE,
@@ -360,13 +366,14 @@ impl MountArgs {
                 }
                 "cache_size" => c.cache_size = Some(parse_size(&need(value)?)?),
                 "fetch_inflight" => c.fetch_inflight = parse_size(&need(value)?)?,
-                "fetch_workers" | "fetch_window" | "fetch_fds" => {
+                "fetch_workers" | "fetch_window" | "fetch_fds" | "fetch_dir_prefetch" => {
                     let v: u64 = need(value)?
                         .parse()
                         .map_err(|_| format!("invalid number in {opt:?}"))?;
                     match key {
-                        "fetch_workers" => c.fetch_workers = v as usize,
+                        "fetch_workers" => c.fetch_workers = Some(v as usize),
                         "fetch_window" => c.fetch_window = v,
+                        "fetch_dir_prefetch" => c.fetch_dir_prefetch = v,
                         _ => c.fetch_fds = v,
                     }
                 }
@@ -433,10 +440,11 @@ impl MountArgs {
         if let Some(v) = self.threads {
             c.threads = v;
         }
-        c.fetch_workers = self.fetch_workers.unwrap_or(c.fetch_workers);
+        c.fetch_workers = self.fetch_workers.or(c.fetch_workers);
         c.fetch_window = self.fetch_window.unwrap_or(c.fetch_window);
         c.fetch_inflight = self.fetch_inflight.unwrap_or(c.fetch_inflight);
         c.fetch_fds = self.fetch_fds.unwrap_or(c.fetch_fds);
+        c.fetch_dir_prefetch = self.fetch_dir_prefetch.unwrap_or(c.fetch_dir_prefetch);
         c.metrics_addr = self.metrics_addr.or(c.metrics_addr);
         c.cache_size = self.cache_size.or(c.cache_size);
         c.min_free = self.min_free.or(c.min_free);

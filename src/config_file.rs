@@ -55,6 +55,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("fetch_window", Kind::Value),
     ("fetch_inflight", Kind::Value),
     ("fetch_fds", Kind::Value),
+    ("fetch_dir_prefetch", Kind::Value),
     (
         "no_stale_check",
         Kind::Flag {

@@ -321,7 +321,12 @@ impl CachingFs {
             evict_lock: RwLock::new(()),
             listed: Mutex::default(),
             renames: RwLock::new(()),
-            fetcher: Fetcher::new(cfg.fetch_window, cfg.fetch_inflight, cfg.fetch_fds),
+            fetcher: Fetcher::new(
+                cfg.fetch_window,
+                cfg.fetch_inflight,
+                cfg.fetch_fds,
+                cfg.fetch_dir_prefetch,
+            ),
             oplog: Mutex::new(oplog),
             offline_writers: AtomicU64::new(0),
             offline_edits: Mutex::new(()),
@@ -1060,6 +1065,13 @@ impl CachingFs {
                 name: e.name,
             });
         }
+        // The order its files will be read in by a walk (`fetch::DirPrefetch`).
+        if self.fetcher.tun.dir_prefetch.load(Ordering::Relaxed) > 0 {
+            let files = list.iter().filter(|e| e.kind == FileType::RegularFile);
+            self.fetcher
+                .dirs
+                .listed(&path, files.map(|e| e.name.clone()));
+        }
         let fh = self.new_fh();
         let list = DirList {
             dir_id: id,
@@ -1256,6 +1268,10 @@ impl CachingFs {
                 *guard = Some(state);
             }
             Some(state) => {
+                // Loaded by the directory prefetch, which keeps no `O_PATH` descriptor.
+                if state.path_fd.is_none() {
+                    state.path_fd = Some(path_fd);
+                }
                 if self.stale_check()
                     && !state.written
                     && state.record.identity != self.identity(&st)
@@ -1269,6 +1285,10 @@ impl CachingFs {
             self.coherence.notify(Notice::Inode(id));
         }
         let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            // Fetch the next files of its directory ahead of a reader going through them.
+            self.dir_prefetch_open(&inode, &path, !was_complete);
+        }
 
         if writable {
             // The kernel refuses a non-passthrough open while passthrough opens exist, and

@@ -287,6 +287,7 @@ impl Inner {
             self.limits.max_age.as_millis() as u64,
         );
         let mut freed = 0;
+        let mut skipped = 0;
         while freed < budget
             && let Some(&(id, stamp)) = self.free_q.front()
         {
@@ -305,7 +306,28 @@ impl Inner {
             if !excess {
                 break;
             }
+            // A cache state still loaded (fetches in flight after the last close, or a
+            // prefetch of a file the kernel never looked up) keeps its entry: freed, a new
+            // entry for the same file would load a second state over the same cache files.
+            // Back to the tail, counted against the budget so the loop ends.
+            let loaded = match e.inode.file.try_lock() {
+                Ok(g) => g.is_some(),
+                Err(_) => true,
+            };
             self.free_q.pop_front();
+            if loaded {
+                skipped += 1;
+                if skipped > budget {
+                    break;
+                }
+                let stamp = self.stamp();
+                if let Some(e) = self.by_id.get_mut(&id) {
+                    e.stamp = stamp;
+                    e.freed_at = now;
+                }
+                self.free_q.push_back((id, stamp));
+                continue;
+            }
             self.remove(id);
             freed += 1;
         }
@@ -479,6 +501,41 @@ impl InodeTable {
         );
         inner.by_key.insert(key, id);
         inner.touch(id);
+        inner.n.allocations += 1;
+        inner.n.peak = inner.n.peak.max(inner.by_id.len() as u64);
+        inode
+    }
+
+    /// The entry for the object `st` at `path` in `parent` without taking a kernel
+    /// reference: the existing one (as `find`), or a new one put straight on the free list,
+    /// freed like a forgotten entry unless the kernel looks it up. For the directory
+    /// prefetch, which fetches files the kernel has not looked up yet.
+    pub fn entry_unreferenced(&self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode> {
+        let now = self.now();
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
+        let key = (st.dev, st.ino);
+        if let Some(&id) = inner.by_key.get(&key)
+            && let Some(e) = inner.by_id.get(&id)
+            && e.inode.file_type == st.file_type()
+        {
+            e.inode.set_path(path);
+            return e.inode.clone();
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        inner.by_id.insert(
+            id,
+            Entry {
+                inode: inode.clone(),
+                count: 0,
+                stamp: 0,
+                freed_at: 0,
+            },
+        );
+        inner.by_key.insert(key, id);
+        inner.release(id, now);
         inner.n.allocations += 1;
         inner.n.peak = inner.n.peak.max(inner.by_id.len() as u64);
         inode
@@ -750,6 +807,23 @@ mod tests {
         let d = t.lookup(ROOT_ID, Path::new("c"), &st(11, libc::S_IFDIR));
         assert_ne!(c.id, d.id);
         assert!(d.id > c.id, "ids are never reused");
+    }
+
+    #[test]
+    fn an_unreferenced_entry_waits_on_the_free_list_for_the_kernels_lookup() {
+        let t = table(1000, 10);
+        let r0 = t.snapshot().referenced;
+        let a = t.entry_unreferenced(ROOT_ID, Path::new("a"), &file(10));
+        let s = t.snapshot();
+        assert_eq!((s.free, s.referenced), (1, r0));
+        // The kernel's lookup of the same object finds it: same node id, same state.
+        let b = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(t.snapshot().referenced, r0 + 1);
+        // An entry that exists is returned as it is, its count untouched.
+        let c = t.entry_unreferenced(ROOT_ID, Path::new("a"), &file(10));
+        assert!(Arc::ptr_eq(&a, &c));
+        assert_eq!(t.snapshot().referenced, r0 + 1);
     }
 
     #[test]

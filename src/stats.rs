@@ -78,6 +78,9 @@ counters! {
     early_returns: "reads answered before the rest of their chunk had arrived",
     hint_reads: "reads served by the short path (the handle's hint: a chunk known present)",
     whole_file_fetches: "small files whose whole-file fetch was started on open",
+    dir_prefetch_files: "small files fetched whole in the background because earlier files of their directory were opened in listing order",
+    dir_prefetch_hits: "opens of files the directory prefetch had fetched or was fetching",
+    dir_prefetch_dropped: "files of the directory prefetch not fetched: the reader got there first, the order broke, or a bound (in-flight bytes, source files, cache watermark) said no",
 }
 
 #[derive(Debug)]
