@@ -1815,8 +1815,11 @@ impl CachingFs {
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
-        self.changes_allowed()?;
         let h = self.handle(fh)?;
+        if h.logged {
+            return self.offline_fallocate(&h, offset, length, mode);
+        }
+        self.changes_allowed()?;
         let src = h.source.as_ref().ok_or(Errno::EBADF)?;
         let mut guard = h.inode.file();
         if let Some(state) = guard.as_mut() {

@@ -127,11 +127,15 @@ pub struct Entry {
 }
 
 /// What replay has made of a path: the identity it left there (`None`: it removed it),
-/// or that the path is in conflict, so later changes to it go to conflict copies.
+/// that the path is in conflict, so later changes to it go to conflict copies, or the base
+/// a skipped Store hands on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Produced {
     Left(Option<Ident>),
     Conflicted,
+    /// A Store skipped because a later one replaces it: the base it would have been
+    /// checked against, for that later one.
+    Carried(Base),
 }
 
 /// The replay's durable position.

@@ -59,6 +59,13 @@ impl CachingFs {
             let nc = &batch.names[*i];
             let now = self.source.stat(path);
             tracing::trace!(?path, change = ?nc.change, exists = now.is_ok(), "source changed");
+            if let Err(e) = &now
+                && !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
+            {
+                // No answer (offline, a timeout): nothing is known of this name, and it
+                // must not be taken for gone. Reconnection revalidates everything.
+                continue;
+            }
             let held = holders.get(path).map(Vec::as_slice).unwrap_or(&[]);
             // A rename behind the mount: the object's names (and, for a directory, those of
             // everything below it) and its cached data follow it. Our own renames have
@@ -79,8 +86,7 @@ impl CachingFs {
                 Ok(st) => held
                     .iter()
                     .any(|i| (st.dev, st.ino) == i.key && st.file_type() == i.file_type),
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => held.is_empty(),
-                Err(_) => false,
+                Err(_) => held.is_empty(), // gone (other errors were skipped above)
             };
             for inode in held {
                 let same = now.as_ref().is_ok_and(|st| {
@@ -96,14 +102,13 @@ impl CachingFs {
                 dirs_changed.insert(nc.dir);
             }
             match now {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                Err(_) => {
                     // Gone from the source: so is its cached copy (an open file keeps its
                     // cache files through its descriptors).
                     if let Err(e) = self.cache.remove(path) {
                         tracing::debug!(?path, "cannot drop cache entry: {e}");
                     }
                 }
-                Err(_) => {}
                 Ok(st) => {
                     if let Some(inode) = self.inodes.find(path, &st) {
                         let changed = self.revalidate_open(&inode, &st, nc.change.data);

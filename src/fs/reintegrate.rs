@@ -284,6 +284,33 @@ impl CachingFs {
         Ok(data.len() as u32)
     }
 
+    /// `fallocate` of an offline-written file, on its cache file; the modes that shift
+    /// data (collapse, insert) are not offered offline.
+    pub(super) fn offline_fallocate(
+        &self,
+        h: &Handle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<()> {
+        if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let path = h.inode.path().ok_or(Errno::EIO)?;
+        let mut guard = h.inode.file();
+        let state = guard.as_mut().ok_or(Errno::EBADF)?;
+        self.offline_modify(state, &path, |f, size| {
+            if unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(if mode & libc::FALLOC_FL_KEEP_SIZE != 0 {
+                size
+            } else {
+                size.max(offset + length)
+            })
+        })
+    }
+
     /// Logs the content of an offline-written file (on close and fsync), then makes its
     /// cache record clean again.
     pub(super) fn offline_store(&self, inode: &Inode, state: &mut super::FileState) -> Result<()> {
@@ -729,6 +756,23 @@ impl CachingFs {
             log.pending().len()
         );
         while let Some(e) = log.pending().first().cloned() {
+            if let Some(p) = superseded(log.pending()) {
+                // Coda's log optimisation: only the last of a run of stores is sent; the
+                // first one's base is checked then.
+                if let Op::Store { base, .. } = &e.op
+                    && *base != Base::Chained
+                {
+                    produced.insert(p, Produced::Carried(*base));
+                }
+                log.applied(e.seq, &produced)
+                    .map_err(|err| format!("cannot record replay progress: {err}"))?;
+                self.source.health.log_replayed.fetch_add(1, Relaxed);
+                self.source
+                    .health
+                    .log_pending
+                    .store(log.pending().len() as u64, Relaxed);
+                continue;
+            }
             match self.replay_one(&e, log, &mut produced) {
                 Ok(()) => failpoint_after_replay(),
                 Err(err) if crate::health::may_mean_unreachable(&err) => {
@@ -843,7 +887,13 @@ impl CachingFs {
         match base {
             Base::Source(id) => now == Some(id),
             Base::Absent => now.is_none(),
-            Base::Chained => matches!(produced.get(p), Some(Produced::Left(x)) if *x == now),
+            Base::Chained => match produced.get(p) {
+                Some(Produced::Left(x)) => *x == now,
+                Some(Produced::Carried(b)) if *b != Base::Chained => {
+                    self.base_holds(*b, cur, p, produced)
+                }
+                _ => false,
+            },
         }
     }
 
@@ -1222,6 +1272,17 @@ impl CachingFs {
             }
         }
     }
+}
+
+/// The path of `pending[0]` if it is a Store that a later Store of the same path replaces
+/// with nothing else touching that path in between.
+fn superseded(pending: &[Entry]) -> Option<PathBuf> {
+    let Op::Store { path, .. } = &pending.first()?.op else {
+        return None;
+    };
+    let p = crate::oplog::path(path);
+    let next = pending[1..].iter().find(|e| e.op.paths().contains(&p))?;
+    matches!(&next.op, Op::Store { path: q, base: Base::Chained, .. } if *q == *path).then_some(p)
 }
 
 /// Test failpoint: with `HOARDFS_FAILPOINT_REPLAY_ABORT=N`, the daemon aborts right after
