@@ -21,6 +21,8 @@ import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
+# Where reports and plots go (the test suite's smoke run points this at a scratch dir).
+RESULTS_DIR = os.environ.get("HOARDFS_BENCH_RESULTS", os.path.join(BENCH, "results"))
 WORK = os.environ.get("HOARDFS_BENCH_WORK", "/var/tmp/hoardfs-bench")
 HOARDFS_BUILT = os.path.join(REPO, "target", "release", "hoardfs")
 HOARDFS = os.path.join(WORK, "hoardfs")  # a copy: others may rebuild target/ during a run
@@ -947,7 +949,7 @@ def plots(S, stem):
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     out.append(("W1 sequential read throughput", f"{stem}-w1-seq.png"))
-    fig.savefig(os.path.join(BENCH, "results", out[-1][1]), dpi=80)
+    fig.savefig(os.path.join(RESULTS_DIR, out[-1][1]), dpi=80)
     plt.close(fig)
     # W2
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -964,7 +966,7 @@ def plots(S, stem):
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.append(("W2 small preads", f"{stem}-w2-pread.png"))
-    fig.savefig(os.path.join(BENCH, "results", out[-1][1]), dpi=80)
+    fig.savefig(os.path.join(RESULTS_DIR, out[-1][1]), dpi=80)
     plt.close(fig)
     # W4 grep
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -981,7 +983,7 @@ def plots(S, stem):
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     out.append(("W4 grep -r", f"{stem}-w4-grep.png"))
-    fig.savefig(os.path.join(BENCH, "results", out[-1][1]), dpi=80)
+    fig.savefig(os.path.join(RESULTS_DIR, out[-1][1]), dpi=80)
     plt.close(fig)
     # W5 Andrew
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
@@ -1001,7 +1003,7 @@ def plots(S, stem):
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     out.append(("W5 Andrew-style phases", f"{stem}-w5-andrew.png"))
-    fig.savefig(os.path.join(BENCH, "results", out[-1][1]), dpi=80)
+    fig.savefig(os.path.join(RESULTS_DIR, out[-1][1]), dpi=80)
     plt.close(fig)
     return out
 
@@ -1080,8 +1082,8 @@ def report(quick, elapsed):
     host = socket.gethostname()
     date = datetime.date.today().isoformat()
     stem = f"{date}-{host}" + ("-quick" if quick else "")
-    os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
-    with open(os.path.join(BENCH, "results", stem + ".json"), "w") as f:
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    with open(os.path.join(RESULTS_DIR, stem + ".json"), "w") as f:
         json.dump(dict(meta=META, params={k: v for k, v in P.items()}, results=RESULTS), f)
     try:
         pl = plots(S, stem)
@@ -1200,7 +1202,7 @@ def report(quick, elapsed):
             a(f"- {x}")
         a("")
     a("Raw data: `" + stem + ".json` beside this file.")
-    path = os.path.join(BENCH, "results", stem + ".md")
+    path = os.path.join(RESULTS_DIR, stem + ".md")
     with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
     log("wrote", path)
@@ -1257,6 +1259,8 @@ def main():
         report(a.quick, time.time() - t0)
     finally:
         teardown()
+    if EXTRA.get("failed"):
+        sys.exit(f"bench: {len(EXTRA['failed'])} workload(s) failed (see the report)")
 
 
 if __name__ == "__main__":

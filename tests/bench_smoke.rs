@@ -1,0 +1,50 @@
+//! The benchmark suite's smoke run (issue 3): `bench/run --quick` runs every workload over
+//! every source (local, throttled loop disk, SSHFS in a network namespace) and every peer
+//! (bindfs, rclone) at tiny sizes, once, and must finish with a report. Its numbers are
+//! not checked: timing belongs to the full suite, not to tests.
+//!
+//! Needs root and the packages `.ci/run` installs; `HOARDFS_SKIP_BENCH_SMOKE=1` skips it
+//! on a developer's machine (it takes a few minutes and a release build).
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn bench_quick_runs_every_workload_and_reports() {
+    if std::env::var_os("HOARDFS_SKIP_BENCH_SMOKE").is_some() {
+        eprintln!("bench smoke run skipped (HOARDFS_SKIP_BENCH_SMOKE)");
+        return;
+    }
+    let results = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(repo.join("bench/run"))
+        .arg("--quick")
+        .env("HOARDFS_BENCH_RESULTS", results.path())
+        .env("HOARDFS_BENCH_WORK", "/var/tmp/hoardfs-bench-smoke")
+        .output()
+        .expect("bench/run");
+    let log =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench/run --quick failed:\n{log}");
+    let report = std::fs::read_dir(results.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "md"))
+        .unwrap_or_else(|| panic!("no report written:\n{log}"));
+    let text = std::fs::read_to_string(&report).unwrap();
+    for heading in [
+        "## W1:", "## W2:", "## W3:", "## W4:", "## W5:", "## W6:", "## W7:", "## W8:",
+    ] {
+        assert!(
+            text.contains(heading),
+            "{heading} missing from the report:\n{text}"
+        );
+    }
+    assert!(!text.contains("## Failures in this run"), "{text}");
+    // Nothing left mounted or set up.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains("/var/tmp/hoardfs-bench-smoke"),
+        "left mounted:\n{mounts}"
+    );
+}
