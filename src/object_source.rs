@@ -575,8 +575,10 @@ pub fn resolve_config(
         region: nonempty("AWS_REGION")
             .or_else(|| nonempty("AWS_DEFAULT_REGION"))
             .or_else(|| get("region")),
+        // AWS_ENDPOINT is object_store's own name for it.
         endpoint: nonempty("AWS_ENDPOINT_URL_S3")
             .or_else(|| nonempty("AWS_ENDPOINT_URL"))
+            .or_else(|| nonempty("AWS_ENDPOINT"))
             .or_else(|| get("s3.endpoint_url"))
             .or_else(|| get("endpoint_url")),
     })
@@ -1111,8 +1113,16 @@ impl ObjectSource {
     /// leaves both.
     pub fn rename_file(&self, from: &FsPath, to: &FsPath) -> io::Result<()> {
         if self.stat(from)?.kind == ObjKind::Dir {
-            // Renaming a directory would be a copy of every key below it.
+            // Renaming a directory would be a copy of every key below it; EXDEV makes
+            // `mv` fall back to copying the tree itself.
             return Err(errno(libc::EXDEV));
+        }
+        match self.stat(to) {
+            // An object `to` would hide the directory `to/` (the object wins).
+            Ok(st) if st.kind == ObjKind::Dir => return Err(errno(libc::EISDIR)),
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
         }
         self.copy(from, to)?;
         self.delete(from)
@@ -1515,6 +1525,43 @@ mod tests {
             ..Default::default()
         };
         ObjectSource::open_with_env(&url, opts, &|_| None, false).unwrap()
+    }
+
+    #[test]
+    fn bucket_endpoints() {
+        let url = ObjectUrl::parse("s3://bkt/p").unwrap();
+        let open = |endpoint: Option<&str>, virtual_hosted, allow_http| {
+            let opts = S3Options {
+                endpoint: endpoint.map(Into::into),
+                region: Some("eu-west-1".into()),
+                virtual_hosted,
+                allow_http,
+                ..Default::default()
+            };
+            ObjectSource::open_with_env(&url, opts, &|_| None, false)
+                .map(|s| s.bucket_endpoint.clone())
+        };
+        let ep = |e, v, h| open(e, v, h).unwrap();
+        assert_eq!(
+            ep(Some("http://127.0.0.1:9000/"), false, true),
+            "http://127.0.0.1:9000/bkt"
+        );
+        assert_eq!(
+            ep(Some("https://s3.example.com"), true, false),
+            "https://bkt.s3.example.com"
+        );
+        assert_eq!(
+            ep(None, false, false),
+            "https://s3.eu-west-1.amazonaws.com/bkt"
+        );
+        assert_eq!(
+            ep(None, true, false),
+            "https://bkt.s3.eu-west-1.amazonaws.com"
+        );
+        let err = open(Some("http://127.0.0.1:9000"), false, false).unwrap_err();
+        assert!(err.to_string().contains("allow_http"), "{err}");
+        let err = open(Some("127.0.0.1:9000"), false, true).unwrap_err();
+        assert!(err.to_string().contains("http(s)://"), "{err}");
     }
 
     #[test]

@@ -485,6 +485,14 @@ fn copy_delete_rename() {
         "directory rename"
     );
     assert_eq!(errno(s.copy(p("a/none"), p("a/x"))), libc::ENOENT);
+    s.mkdir(p("dir"), &ObjMeta::default()).unwrap();
+    assert_eq!(errno(s.rename_file(p("a/three"), p("dir"))), libc::EISDIR);
+    assert_eq!(s.stat(p("dir")).unwrap().kind, ObjKind::Dir);
+    s.put(p("a/four"), &file_with(b"4"), &ObjMeta::default())
+        .unwrap();
+    // Over an existing file: replaced, as rename(2) does.
+    s.rename_file(p("a/four"), p("a/three")).unwrap();
+    assert_eq!(&s.read_range(p("a/three"), 0, 10, None).unwrap()[..], b"4");
     s.delete(p("a/three")).unwrap();
     assert_eq!(errno(s.stat(p("a/three"))), libc::ENOENT);
     s.delete(p("a/three")).unwrap(); // S3 deletes are idempotent
@@ -755,4 +763,137 @@ fn errno_of_real_errors() {
         .unwrap_err();
     assert_eq!(errno_of(&e), libc::ESTALE);
     let _ = SystemTime::now();
+}
+
+/// A server answering each request by `respond(request line)` -> (status, extra headers,
+/// body), reading whole requests; the request lines are logged.
+fn scripted_server(
+    respond: impl Fn(&str) -> (&'static str, String, String) + Send + 'static,
+) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            let line = head.lines().next().unwrap_or("").to_string();
+            let len: u64 = head
+                .lines()
+                .find_map(|h| {
+                    let (k, v) = h.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            let _ = std::io::copy(&mut (&mut conn).take(len), &mut std::io::sink());
+            log2.lock().unwrap().push(line.clone());
+            let (status, headers, body) = respond(&line);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (format!("http://{addr}"), log)
+}
+
+#[test]
+fn failed_multipart_upload_is_aborted() {
+    let (endpoint, log) = scripted_server(|line| {
+        let ok = |h: &str| ("200 OK", h.to_string(), String::new());
+        if line.starts_with("POST") && line.contains("?uploads") {
+            (
+                "200 OK",
+                String::new(),
+                "<InitiateMultipartUploadResult><Bucket>hoard</Bucket><Key>big</Key>\
+                 <UploadId>U1</UploadId></InitiateMultipartUploadResult>"
+                    .into(),
+            )
+        } else if line.starts_with("PUT") && line.contains("partNumber=2") {
+            (
+                "500 Internal Server Error",
+                String::new(),
+                "<Error><Code>InternalError</Code></Error>".into(),
+            )
+        } else if line.starts_with("PUT") && line.contains("partNumber=") {
+            ok("ETag: \"part\"\r\n")
+        } else if line.starts_with("DELETE") && line.contains("uploadId=U1") {
+            ("204 No Content", String::new(), String::new())
+        } else {
+            (
+                "400 Bad Request",
+                String::new(),
+                "<Error><Code>Unexpected</Code></Error>".into(),
+            )
+        }
+    });
+    let s = open_with(
+        &format!("s3://{BUCKET}"),
+        S3Options {
+            multipart_threshold: 1 << 20,
+            part_size: 5 << 20,
+            parts_in_flight: 2,
+            max_retries: 1,
+            ..opts(&endpoint)
+        },
+    );
+    let data = pattern(12 << 20, 7);
+    assert_eq!(
+        errno(s.put(p("big"), &file_with(&data), &ObjMeta::default())),
+        libc::EIO
+    );
+    let log = log.lock().unwrap();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("DELETE") && l.contains("uploadId=U1")),
+        "no abort among {log:?}"
+    );
+    assert!(
+        !log.iter()
+            .any(|l| l.starts_with("POST") && l.contains("uploadId=U1")),
+        "completed: {log:?}"
+    );
+}
+
+#[test]
+fn concurrent_calls_from_many_threads() {
+    // The daemon calls from its request threads and 16 source workers at once.
+    let v = Versity::start(&[BUCKET]);
+    let s = Arc::new(open(&v, &format!("s3://{BUCKET}")));
+    let data = pattern(1 << 20, 3);
+    let etag = s
+        .put(p("shared"), &file_with(&data), &ObjMeta::default())
+        .unwrap()
+        .etag
+        .unwrap();
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (s, etag, data) = (s.clone(), etag.clone(), data.clone());
+            std::thread::spawn(move || {
+                for i in 0..20u64 {
+                    let off = (t * 131_071 + i * 4099) % (1 << 20);
+                    let got = s.read_range(p("shared"), off, 10_000, Some(&etag)).unwrap();
+                    let end = (off as usize + 10_000).min(data.len());
+                    assert!(got[..] == data[off as usize..end]);
+                    let name = format!("t{t}/f{i}");
+                    s.put(p(&name), &file_with(name.as_bytes()), &ObjMeta::default())
+                        .unwrap();
+                    assert_eq!(s.stat(p(&name)).unwrap().size, name.len() as u64);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(s.list_dir(p("")).unwrap().len(), 9);
+    assert_eq!(s.list_dir(p("t3")).unwrap().len(), 20);
 }
