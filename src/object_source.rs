@@ -9,8 +9,9 @@
 //! - Keys mirror relative paths under the URL's prefix: `s3://b/pre` + `a/b.txt` is the key
 //!   `pre/a/b.txt`. Directories are key prefixes (`a/`), and optionally `a/` marker objects
 //!   (s3fs and rclone write them; `mkdir` writes one). `object_store`'s `Path` cannot express a
-//!   key ending in `/`, so marker requests are signed by `object_store`'s own `AwsAuthorizer`
-//!   and sent through its HTTP client (`marker_request`).
+//!   key ending in `/`, nor can it rewrite metadata in place, so those requests are signed
+//!   by `object_store`'s own `AwsAuthorizer` and sent through its HTTP client
+//!   (`raw_request`).
 //! - Names that cannot be paths: a key with an empty segment (`a//b`), a `.` or `..` segment
 //!   or an ASCII control character (NUL included) is refused by `object_store`'s path parser.
 //!   Such a key makes the listing of the one directory where its bad segment appears fail
@@ -806,6 +807,11 @@ impl ObjectSource {
     }
 
     fn head(&self, key: &str) -> io::Result<ObjStat> {
+        self.head_attributes(key).map(|(st, _)| st)
+    }
+
+    /// A HEAD with every attribute (user metadata, content type, ...) the store sent.
+    fn head_attributes(&self, key: &str) -> io::Result<(ObjStat, Attributes)> {
         let path = Self::obj_path(key)?;
         self.block(async {
             let opts = GetOptions {
@@ -817,11 +823,8 @@ impl ObjectSource {
                 .get_opts(&path, opts)
                 .await
                 .map_err(|e| store_err(e, "head", key))?;
-            Ok(ObjStat::file(
-                &r.meta,
-                meta_from_attributes(&r.attributes),
-                true,
-            ))
+            let meta = meta_from_attributes(&r.attributes);
+            Ok((ObjStat::file(&r.meta, meta, true), r.attributes))
         })
     }
 
@@ -1010,7 +1013,8 @@ impl ObjectSource {
         })?;
         // Parts are numbered in call order, so they are started in order; up to
         // `parts_in_flight` run at once on the runtime while this thread reads the next.
-        let part = self.opts.part_size as u64;
+        // S3 takes at most 10,000 parts: bigger files get bigger parts.
+        let part = (self.opts.part_size as u64).max(size.div_ceil(10_000));
         let mut in_flight: VecDeque<tokio::task::JoinHandle<object_store::Result<()>>> =
             VecDeque::new();
         let mut result: io::Result<()> = Ok(());
@@ -1032,10 +1036,11 @@ impl ObjectSource {
             }
         }
         while let Some(h) = in_flight.pop_front() {
-            let r = self.join_part(h, key);
-            if result.is_ok() {
-                result = r;
+            if result.is_err() {
+                h.abort(); // no use waiting for parts of an upload about to be aborted
+                continue;
             }
+            result = self.join_part(h, key);
         }
         match result {
             Ok(()) => self.block(async {
@@ -1168,7 +1173,7 @@ impl ObjectSource {
                 Err(e) => Err(e),
             };
         }
-        self.marker_request(Method::DELETE, &format!("{key}/"), Vec::new())
+        self.raw_request(Method::DELETE, &format!("{key}/"), Vec::new())
             .map(|_| ())
     }
 
@@ -1187,39 +1192,56 @@ impl ObjectSource {
         };
         match st.kind {
             ObjKind::Dir => {
-                if key.is_empty() || is_root(rel) {
-                    // The root's marker would be the prefix's: nothing to hold it with no prefix.
-                    if self.prefix.is_empty() {
-                        return Err(errno(libc::EPERM));
-                    }
+                if key.is_empty() {
+                    // The root of a whole bucket has no key to hang a marker on.
+                    return Err(errno(libc::EPERM));
                 }
                 self.put_marker(&key, &merged)?;
                 self.marker_head(&key)
             }
             ObjKind::File => {
-                let mut headers = vec![
+                // REPLACE drops what it is not given: carry over the other tools' metadata
+                // (s3fs's atime/ctime, rclone's md5chksum, ...) and the content headers.
+                let (st, attributes) = self.head_attributes(&key)?;
+                let mut headers: Vec<(String, String)> = vec![
                     (
-                        "x-amz-copy-source",
+                        "x-amz-copy-source".into(),
                         format!(
                             "/{}/{}",
                             self.bucket,
                             utf8_percent_encode(&key, PATH_ENCODE)
                         ),
                     ),
-                    ("x-amz-metadata-directive", "REPLACE".to_string()),
+                    ("x-amz-metadata-directive".into(), "REPLACE".into()),
                 ];
                 if let Some(etag) = &st.etag {
-                    // Do not clobber a version written since the stat.
-                    headers.push(("x-amz-copy-source-if-match", etag.clone()));
+                    // Do not clobber a version written since the HEAD: ESTALE instead.
+                    headers.push(("x-amz-copy-source-if-match".into(), etag.clone()));
                 }
-                let pairs = meta_pairs(&merged, ObjKind::File);
-                let owned: Vec<(String, String)> = pairs
-                    .into_iter()
-                    .map(|(k, v)| (format!("x-amz-meta-{k}"), v))
+                let ours = meta_pairs(&merged, ObjKind::File);
+                for (attr, value) in attributes.iter() {
+                    let name = match attr {
+                        Attribute::Metadata(k) if ours.iter().any(|(o, _)| o == k) => continue,
+                        Attribute::Metadata(k) => format!("x-amz-meta-{k}"),
+                        Attribute::ContentType => "content-type".into(),
+                        Attribute::ContentEncoding => "content-encoding".into(),
+                        Attribute::ContentDisposition => "content-disposition".into(),
+                        Attribute::ContentLanguage => "content-language".into(),
+                        Attribute::CacheControl => "cache-control".into(),
+                        Attribute::StorageClass => "x-amz-storage-class".into(),
+                        _ => continue,
+                    };
+                    headers.push((name, value.as_ref().to_string()));
+                }
+                headers.extend(
+                    ours.into_iter()
+                        .map(|(k, v)| (format!("x-amz-meta-{k}"), v)),
+                );
+                let refs = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.clone()))
                     .collect();
-                let mut all: Vec<(&str, String)> = headers;
-                all.extend(owned.iter().map(|(k, v)| (k.as_str(), v.clone())));
-                self.marker_request(Method::PUT, &key, all)?;
+                self.raw_request(Method::PUT, &key, refs)?;
                 self.head(&key)
             }
         }
@@ -1234,12 +1256,12 @@ impl ObjectSource {
             .map(|(k, v)| (format!("x-amz-meta-{k}"), v))
             .collect();
         let headers = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        self.marker_request(Method::PUT, &format!("{key}/"), headers)
+        self.raw_request(Method::PUT, &format!("{key}/"), headers)
             .map(|_| ())
     }
 
     fn marker_head(&self, key: &str) -> io::Result<ObjStat> {
-        let h = self.marker_request(Method::HEAD, &format!("{key}/"), Vec::new())?;
+        let h = self.raw_request(Method::HEAD, &format!("{key}/"), Vec::new())?;
         let get = |k: &str| {
             h.get(format!("x-amz-meta-{k}").as_str())
                 .and_then(|v| v.to_str().ok())
@@ -1257,7 +1279,7 @@ impl ObjectSource {
     /// One signed request for `key` (which may end in '/'), with object_store's signer and
     /// HTTP client, retried like object_store's own on 5xx, 429 and connection errors.
     /// Returns the response headers.
-    fn marker_request(
+    fn raw_request(
         &self,
         method: Method,
         key: &str,

@@ -431,6 +431,57 @@ fn metadata_in_s3fs_and_rclone_conventions() {
     );
     assert_eq!(s.stat(p("ours.txt")).unwrap(), st);
 
+    // Metadata of other tools and the content type survive a set_meta.
+    let mut attributes = Attributes::new();
+    attributes.insert(Attribute::ContentType, "text/x-hoard".into());
+    attributes.insert(
+        Attribute::Metadata("md5chksum".into()),
+        "XrY7u+Ae7tCTyyK7j1rNww==".into(),
+    );
+    attributes.insert(Attribute::Metadata("atime".into()), "1600000001".into());
+    attributes.insert(Attribute::Metadata("mode".into()), "33188".into());
+    let path = ObjPath::parse("others.txt").unwrap();
+    let put = PutOptions {
+        attributes,
+        ..Default::default()
+    };
+    rt.block_on(raw.put_opts(&path, PutPayload::from_static(b"o"), put))
+        .unwrap();
+    s.set_meta(
+        p("others.txt"),
+        &ObjMeta {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let head = rt
+        .block_on(raw.get_opts(
+            &path,
+            GetOptions {
+                head: true,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let attr = |a: Attribute| head.attributes.get(&a).map(|v| v.as_ref().to_string());
+    assert_eq!(
+        attr(Attribute::ContentType).as_deref(),
+        Some("text/x-hoard")
+    );
+    assert_eq!(
+        attr(Attribute::Metadata("md5chksum".into())).as_deref(),
+        Some("XrY7u+Ae7tCTyyK7j1rNww==")
+    );
+    assert_eq!(
+        attr(Attribute::Metadata("atime".into())).as_deref(),
+        Some("1600000001")
+    );
+    assert_eq!(
+        attr(Attribute::Metadata("mode".into())).as_deref(),
+        Some("33152")
+    );
+
     // A directory's metadata lives on its marker.
     s.mkdir(
         p("d"),
