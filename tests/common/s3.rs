@@ -5,6 +5,7 @@
 //! /usr/local/go/bin). `.ci/run` builds it ahead, so tests normally find it.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -65,7 +66,8 @@ fn free_port() -> SocketAddr {
 }
 
 impl Versity {
-    /// Starts a server with `buckets` (directories of the posix backend's root).
+    /// Starts a server with `buckets`: the posix backend serves each directory of its root
+    /// as a bucket, so they are made as directories (no CreateBucket needed).
     pub fn start(buckets: &[&str]) -> Versity {
         let dir = tempfile::Builder::new()
             .prefix("hoardfs-s3")
@@ -100,7 +102,7 @@ impl Versity {
         self.child = Some(child);
         // It starts in about 0.1 s; answer-or-fail within 20 s even on a loaded machine.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_err() {
+        while !answers_http(self.addr) {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("versitygw exited ({st}): {}", self.log());
             }
@@ -134,6 +136,19 @@ impl Versity {
         self.stop();
         self.spawn();
     }
+}
+
+/// Whether something at `addr` answers an HTTP request (any status: an anonymous request
+/// gets 403), which a listening socket alone does not prove.
+fn answers_http(addr: SocketAddr) -> bool {
+    let Ok(mut c) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut reply = [0u8; 12];
+    c.write_all(b"GET / HTTP/1.0\r\n\r\n").is_ok()
+        && c.read_exact(&mut reply).is_ok()
+        && reply.starts_with(b"HTTP/1.")
 }
 
 impl Drop for Versity {
