@@ -733,8 +733,10 @@ fn slow_down_is_retried_then_eagain() {
     let t = Instant::now();
     assert_eq!(errno(s.stat(p("f"))), libc::EAGAIN);
     assert_eq!(count.load(Ordering::SeqCst), 4, "one try and three retries");
-    // Exponential backoff from 100 ms (with jitter): well above zero, well below the limit.
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Exponential backoff with jitter, each pause at least 100 ms; well below the limit.
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
     count.store(0, Ordering::SeqCst);
     assert_eq!(errno(s.read_range(p("f"), 0, 10, None)), libc::EAGAIN);
     assert_eq!(errno(s.mkdir(p("d"), &ObjMeta::default())), libc::EAGAIN);
@@ -969,4 +971,48 @@ fn concurrent_calls_from_many_threads() {
     }
     assert_eq!(s.list_dir(p("")).unwrap().len(), 9);
     assert_eq!(s.list_dir(p("t3")).unwrap().len(), 20);
+}
+
+#[test]
+fn marker_requests_are_retried_too() {
+    // mkdir's own request (a PUT of `d/`, outside object_store's retry loop) meets SlowDown.
+    let (endpoint, log) = scripted_server(|line| {
+        if line.starts_with("HEAD /hoard/d ") {
+            ("404 Not Found", String::new(), String::new())
+        } else if line.starts_with("GET /hoard?") && line.contains("list-type=2") {
+            (
+                "200 OK",
+                String::new(),
+                "<ListBucketResult><Name>hoard</Name><Prefix>d/</Prefix><KeyCount>0</KeyCount>\
+                 <MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated></ListBucketResult>"
+                    .into(),
+            )
+        } else {
+            (
+                "503 Service Unavailable",
+                String::new(),
+                "<Error><Code>SlowDown</Code></Error>".into(),
+            )
+        }
+    });
+    let s = open_with(
+        &format!("s3://{BUCKET}"),
+        S3Options {
+            max_retries: 3,
+            ..opts(&endpoint)
+        },
+    );
+    let t = Instant::now();
+    assert_eq!(errno(s.mkdir(p("d"), &ObjMeta::default())), libc::EAGAIN);
+    let took = t.elapsed();
+    let log = log.lock().unwrap();
+    let puts = log
+        .iter()
+        .filter(|l| l.starts_with("PUT /hoard/d/ "))
+        .count();
+    assert_eq!(puts, 4, "one try and three retries: {log:?}");
+    assert!(
+        took >= Duration::from_millis(700),
+        "backoff 100+200+400 ms: {took:?}"
+    );
 }
