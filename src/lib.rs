@@ -15,6 +15,7 @@ pub mod inode;
 pub mod logging;
 pub mod manpage;
 pub mod metrics;
+pub mod object_source;
 pub mod oplog;
 pub mod run;
 pub mod sd_notify;
