@@ -17,6 +17,14 @@ use std::time::{Duration, Instant};
 use common::{BIN, TestMount, pattern};
 use hoardfs::stats::InodeSnapshot;
 
+/// Held by each test: `drop_caches` is global, and one test's drop would make the kernel
+/// forget the other's entries behind its back (the walk then needs no invalidations).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn drop_caches() {
     // Needs root; the tests that call it skip themselves otherwise.
     fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches");
@@ -75,6 +83,7 @@ fn walk(dir: &Path, seen: &mut u64) {
 
 #[test]
 fn a_tree_walk_stays_near_the_maximum_and_the_table_shrinks_back() {
+    let _alone = one_at_a_time();
     if !is_root() {
         eprintln!("skipped: drop_caches needs root");
         return;
@@ -137,6 +146,7 @@ fn a_tree_walk_stays_near_the_maximum_and_the_table_shrinks_back() {
 
 #[test]
 fn open_files_survive_forgets_under_a_tiny_limit() {
+    let _alone = one_at_a_time();
     const FILES: usize = 120;
     let t = Arc::new(TestMount::new(&[
         "--max-inodes",
