@@ -187,8 +187,8 @@ pub struct Coherence {
 
 impl Coherence {
     /// Starts the watcher if `cfg.watch` asks for it and the source allows it.
-    pub fn new(cfg: &Config, source_root: BorrowedFd<'_>) -> Coherence {
-        let local = !is_remote(source_root);
+    /// `local`: the source is on a local file system (not `is_remote`).
+    pub fn new(cfg: &Config, local: bool) -> Coherence {
         let watcher = match cfg.watch {
             WatchMode::Off => None,
             WatchMode::Auto if !local => {

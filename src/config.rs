@@ -185,6 +185,32 @@ fn canonical_dir(
     Ok(c)
 }
 
+/// The source's canonical path; a source that does not answer (a dead or hung network
+/// mount) keeps its absolute path as given, so that the mount can start offline from the
+/// cache (`fs.rs` decides). A path that does not exist or is no directory is an error.
+fn canonical_source(p: &Path) -> Result<PathBuf, ConfigError> {
+    let err = |e: String| ConfigError::Source(p.to_path_buf(), e);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let q = p.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::canonicalize(&q).map(|c| {
+            let dir = c.is_dir();
+            (c, dir)
+        }));
+    });
+    let unreachable = |why: String| {
+        tracing::warn!("the source {} does not answer ({why})", p.display());
+        std::path::absolute(p).map_err(|e| err(e.to_string()))
+    };
+    match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+        Ok(Ok((c, true))) => Ok(c),
+        Ok(Ok((_, false))) => Err(err("is not a directory".into())),
+        Ok(Err(e)) if crate::health::may_mean_unreachable(&e) => unreachable(e.to_string()),
+        Ok(Err(e)) => Err(err(e.to_string())),
+        Err(_) => unreachable("no answer within 10 s".into()),
+    }
+}
+
 /// The cache directory used when none is given: one per source, under the user's cache
 /// home (`$XDG_CACHE_HOME/hoardfs`, `~/.cache/hoardfs`) or `/var/cache/hoardfs` for root.
 pub fn default_cache_dir(source: &Path) -> PathBuf {
@@ -233,7 +259,7 @@ impl Config {
     /// Checks paths and values, canonicalising the paths. Catches the layouts that would
     /// make the mount recurse into itself or cache into its own source.
     pub fn validate(mut self) -> Result<Config, ConfigError> {
-        self.source = canonical_dir(&self.source, ConfigError::Source)?;
+        self.source = canonical_source(&self.source)?;
         self.mountpoint = canonical_dir(&self.mountpoint, ConfigError::Mountpoint)?;
         if !self.cache_dir.exists() {
             std::fs::create_dir_all(&self.cache_dir).map_err(|e| {

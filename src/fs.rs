@@ -33,6 +33,7 @@ pub use changes::spawn_coherence_threads;
 pub use fetch::spawn_fetch_workers;
 
 use crate::cache::record::chunk_count;
+use crate::cache::source_info::SourceInfo;
 use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
@@ -185,19 +186,34 @@ pub struct CachingFs {
     offline_edits: Mutex<()>,
 }
 
-/// File systems whose inode numbers may change while a file exists.
-fn renumbers_inodes(fd: std::os::fd::BorrowedFd<'_>) -> bool {
-    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
-    const CIFS_MAGIC: i64 = 0xFF53_4D42;
-    const SMB2_MAGIC: i64 = 0xFE53_4D42;
-    const V9FS_MAGIC: i64 = 0x0102_1997;
-    match rustix::fs::fstatfs(fd) {
-        Ok(st) => matches!(
-            st.f_type,
-            FUSE_SUPER_MAGIC | CIFS_MAGIC | SMB2_MAGIC | V9FS_MAGIC
-        ),
-        Err(_) => false,
+/// Longest wait for the source's root at start: a dead network mount can hang any call
+/// on its path.
+const SOURCE_OPEN_WAIT: Duration = Duration::from_secs(10);
+
+/// Opens the source's root (waiting at most `SOURCE_OPEN_WAIT`) and checks it against what
+/// the cache recorded of it; the error says why it cannot be used.
+fn open_source(
+    path: &Path,
+    recorded: Option<&SourceInfo>,
+) -> std::result::Result<(BeneathRoot, SourceInfo), String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let r = BeneathRoot::open(&p).and_then(|root| {
+            let info = SourceInfo::of(root.root_fd())?;
+            Ok((root, info))
+        });
+        let _ = tx.send(r);
+    });
+    let (root, info) = match rx.recv_timeout(SOURCE_OPEN_WAIT) {
+        Ok(Ok(opened)) => opened,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(format!("no answer within {SOURCE_OPEN_WAIT:?}")),
+    };
+    if let Some(why) = recorded.and_then(|r| r.mismatch(&info)) {
+        return Err(why);
     }
+    Ok((root, info))
 }
 
 fn kind_of(mode: u32) -> FileType {
@@ -274,17 +290,36 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 impl CachingFs {
     pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
-        let root = BeneathRoot::open(&cfg.source)?;
+        let recorded = SourceInfo::load(cache.root());
+        let (root, info, unreachable) = match open_source(&cfg.source, recorded.as_ref()) {
+            Ok((root, info)) => {
+                if let Err(e) = info.save(cache.root()) {
+                    tracing::warn!("cannot record the source's kind in the cache: {e}");
+                }
+                (Some(root), info, None)
+            }
+            // Disconnected operation from the start: the cache of an earlier mount.
+            Err(why) => match recorded {
+                Some(rec) => (None, rec, Some(why)),
+                None => anyhow::bail!("cannot use the source {}: {why}", cfg.source.display()),
+            },
+        };
         let timeout = match cfg.source_timeout {
-            None => crate::coherence::is_remote(root.root_fd()).then_some(DEFAULT_REMOTE_TIMEOUT),
+            None => info.remote.then_some(DEFAULT_REMOTE_TIMEOUT),
             Some(t) if t.is_zero() => None,
             Some(t) => Some(t),
         };
         let health = Arc::new(Health::new(timeout, cfg.start_offline));
-        let stable_ino = !renumbers_inodes(root.root_fd());
-        let root_stat = fstat(root.root_fd())?;
-        let coherence = Coherence::new(&cfg, root.root_fd());
-        let source = Arc::new(GuardedSource::new(root, &cfg.source, health)?);
+        if let Some(why) = &unreachable {
+            health.go_offline(&format!("the source is unavailable at start: {why}"), false);
+        }
+        let stable_ino = info.stable_ino;
+        let root_stat = match &root {
+            Some(r) => fstat(r.root_fd())?,
+            None => info.root_stat(),
+        };
+        let coherence = Coherence::new(&cfg, !info.remote);
+        let source = Arc::new(GuardedSource::new(root, &cfg.source, health, &info));
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }

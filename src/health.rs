@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::source_info::SourceInfo;
 use crate::source::{BeneathRoot, Stat};
 
 /// Source workers when calls run with a timeout: as many hung calls as this can be
@@ -254,8 +255,9 @@ type Job = Box<dyn FnOnce() + Send>;
 /// offline, bounded by the timeout when one is set.
 pub struct GuardedSource {
     /// Replaced when a network or FUSE source is mounted anew after a failure: the old
-    /// descriptor then leads to a dead connection forever.
-    root: std::sync::RwLock<Arc<BeneathRoot>>,
+    /// descriptor then leads to a dead connection forever. `None` after an offline start
+    /// with the source unreachable, until the probe finds it.
+    root: std::sync::RwLock<Option<Arc<BeneathRoot>>>,
     /// The source's path, and the (dev, ino) and file system type it led to.
     path: PathBuf,
     root_id: Mutex<(u64, u64)>,
@@ -266,23 +268,31 @@ pub struct GuardedSource {
 }
 
 impl GuardedSource {
-    pub fn new(root: BeneathRoot, path: &Path, health: Arc<Health>) -> io::Result<GuardedSource> {
-        let st = crate::source::fstat(root.root_fd())?;
-        let fs_type = rustix::fs::fstatfs(root.root_fd())?.f_type;
-        let remote = crate::coherence::is_remote(root.root_fd());
-        Ok(GuardedSource {
-            root: std::sync::RwLock::new(Arc::new(root)),
+    /// The source at `path`, described by `info`; its root open as `root`, or `None` when
+    /// it could not be reached at start.
+    pub fn new(
+        root: Option<BeneathRoot>,
+        path: &Path,
+        health: Arc<Health>,
+        info: &SourceInfo,
+    ) -> GuardedSource {
+        GuardedSource {
+            root: std::sync::RwLock::new(root.map(Arc::new)),
             path: path.to_path_buf(),
-            root_id: Mutex::new((st.dev, st.ino)),
-            fs_type,
-            remote,
+            root_id: Mutex::new((info.root_dev, info.root_ino)),
+            fs_type: info.fs_type,
+            remote: info.remote,
             health,
             jobs: Mutex::new(None),
-        })
+        }
     }
 
-    fn root(&self) -> Arc<BeneathRoot> {
-        self.root.read().unwrap().clone()
+    fn root(&self) -> io::Result<Arc<BeneathRoot>> {
+        self.root
+            .read()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| io::Error::from_raw_os_error(OFFLINE))
     }
 
     fn submit(&self, job: Job) {
@@ -343,17 +353,26 @@ impl GuardedSource {
         &self,
         f: impl FnOnce(&BeneathRoot) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
+        let root = self.root()?;
+        self.timed(move || f(&root))
+    }
+
+    /// Runs `f` under the timeout (on a source worker), or inline without one.
+    fn timed<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
         let Some(timeout) = self.health.timeout() else {
-            return f(&self.root());
+            return f();
         };
         let (tx, rx) = mpsc::sync_channel(1);
         let abandoned = Arc::new(AtomicBool::new(false));
-        let (root, health, gone) = (self.root(), self.health.clone(), abandoned.clone());
+        let (health, gone) = (self.health.clone(), abandoned.clone());
         self.submit(Box::new(move || {
             if gone.load(Relaxed) {
                 return; // timed out in the queue: never started, never will
             }
-            let r = f(&root);
+            let r = f();
             if gone.load(Relaxed) {
                 health.stuck.fetch_sub(1, Relaxed);
             }
@@ -379,7 +398,7 @@ impl GuardedSource {
     fn probe(&self) -> io::Result<()> {
         self.health.probes.fetch_add(1, Relaxed);
         let path = self.path.clone();
-        let now: (u64, u64, i64) = self.call_anyway(move |_| {
+        let now: (u64, u64, i64) = self.timed(move || {
             let m = std::fs::symlink_metadata(&path)?;
             use std::os::unix::fs::MetadataExt;
             if !m.is_dir() {
@@ -389,20 +408,26 @@ impl GuardedSource {
             Ok((m.dev(), m.ino(), t))
         })?;
         let root_id = *self.root_id.lock().unwrap();
+        let attached = self.root.read().unwrap().is_some();
         let through_root = self.call_anyway(|r| r.stat(Path::new("")));
         match through_root {
             Ok(st) if (st.dev, st.ino) == root_id && (now.0, now.1) == root_id => Ok(()),
-            _ if self.remote && now.2 == self.fs_type && (now.0, now.1) != root_id => {
+            // Mounted anew (a restarted sshfs), or found after an offline start: a network
+            // or FUSE source must be that kind of file system again (not the empty mount
+            // point); a local one the very directory the cache was filled from.
+            _ if (self.remote && now.2 == self.fs_type && (now.0, now.1) != root_id)
+                || (!attached && (now.0, now.1) == root_id) =>
+            {
                 let path = self.path.clone();
-                let fresh = self.call_anyway(move |_| BeneathRoot::open(&path))?;
-                tracing::info!(
-                    "the source was mounted anew at {}: using it",
-                    self.path.display()
-                );
-                *self.root.write().unwrap() = Arc::new(fresh);
+                let fresh = self.timed(move || BeneathRoot::open(&path))?;
+                tracing::info!("the source is at {} again: using it", self.path.display());
+                *self.root.write().unwrap() = Some(Arc::new(fresh));
                 *self.root_id.lock().unwrap() = (now.0, now.1);
                 Ok(())
             }
+            _ if !attached => Err(io::Error::other(
+                "the source path does not lead to the source yet",
+            )),
             Ok(_) => Err(io::Error::other(
                 "the source path no longer leads to the mounted source",
             )),
@@ -631,12 +656,9 @@ mod tests {
     fn a_hung_call_times_out_and_switches_offline() {
         let dir = tempfile::tempdir().unwrap();
         let h = Arc::new(Health::new(Some(Duration::from_millis(50)), false));
-        let src = GuardedSource::new(
-            BeneathRoot::open(dir.path()).unwrap(),
-            dir.path(),
-            h.clone(),
-        )
-        .unwrap();
+        let root = BeneathRoot::open(dir.path()).unwrap();
+        let info = SourceInfo::of(root.root_fd()).unwrap();
+        let src = GuardedSource::new(Some(root), dir.path(), h.clone(), &info);
         let release = Arc::new((Mutex::new(false), Condvar::new()));
         let r2 = release.clone();
         let err = src

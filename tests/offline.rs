@@ -183,8 +183,9 @@ impl FuseSource {
     }
 
     fn signal(&self, sig: i32) {
-        let pid = self.child.as_ref().unwrap().id() as i32;
-        unsafe { libc::kill(pid, sig) };
+        if let Some(child) = &self.child {
+            unsafe { libc::kill(child.id() as i32, sig) };
+        }
     }
 
     fn kill(&mut self) {
@@ -820,5 +821,79 @@ fn a_change_behind_an_offline_mount_does_not_lose_an_open_files_writes() {
     assert_eq!(
         fs::read(copy).unwrap(),
         b"file 1\nfile 1\nwritten offline\n"
+    );
+}
+
+/// The cache directory and the source path of `over_fuse_source`'s mount.
+fn fuse_source_paths(d: &tempfile::TempDir) -> (PathBuf, PathBuf, PathBuf) {
+    let base = fs::canonicalize(d.path()).unwrap();
+    (base.join("src"), base.join("mnt"), base.join("cache"))
+}
+
+#[test]
+fn a_share_not_mounted_at_start_means_an_offline_start_until_it_is() {
+    let (d, mut source, m) = over_fuse_source(&[]);
+    let (src, mnt, cache) = fuse_source_paths(&d);
+    assert!(hoardfs(&["warm"], &m.m("hoard")).status.success());
+    let before = snapshot(&m.m("hoard"));
+    drop(m);
+    // The share is gone: its mount point is an empty local directory. Serving that would
+    // hide the cache (and put new files in the wrong place).
+    source.kill();
+    assert_eq!(fs::read_dir(&src).unwrap().count(), 0);
+    let m = TestMountOver::mount(&src, &mnt, &cache, &[]);
+    let h = hoardfs::control::request_stats(&mnt).unwrap().health;
+    assert!(!h.online && !h.manual, "{h:?}");
+    assert!(h.reason.contains("not mounted?"), "{h:?}");
+    assert_eq!(snapshot(&m.m("hoard")), before);
+    assert_eq!(
+        errno_of(fs::write(m.m("hoard/new"), b"x")),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        fs::read_dir(&src).unwrap().count(),
+        0,
+        "nothing written there"
+    );
+    source.spawn();
+    within(
+        Duration::from_secs(10),
+        "online once the share is mounted",
+        || m.online(),
+    );
+    fs::write(m.m("hoard/new"), b"through the mount").unwrap();
+    assert_eq!(
+        fs::read(source.real.join("hoard/new")).unwrap(),
+        b"through the mount"
+    );
+}
+
+#[test]
+fn a_dead_share_at_start_means_an_offline_start_until_it_is_back() {
+    let (d, mut source, m) = over_fuse_source(&[]);
+    let (src, mnt, cache) = fuse_source_paths(&d);
+    assert!(hoardfs(&["warm"], &m.m("hoard")).status.success());
+    let before = snapshot(&m.m("hoard"));
+    drop(m);
+    // The FUSE server dies and its mount stays: every call on the path fails ENOTCONN.
+    if let Some(mut c) = source.child.take() {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    assert_eq!(errno_of(fs::read_dir(&src)), Some(libc::ENOTCONN));
+    let m = TestMountOver::mount(&src, &mnt, &cache, &[]);
+    assert!(!m.online());
+    assert_eq!(snapshot(&m.m("hoard")), before);
+    let _ = Command::new("umount").arg("-l").arg(&src).status();
+    source.spawn();
+    within(
+        Duration::from_secs(10),
+        "online once the share is back",
+        || m.online(),
+    );
+    assert_eq!(
+        fs::read(m.m("uncached")).unwrap(),
+        b"not warmed",
+        "the source answers again"
     );
 }
