@@ -248,10 +248,13 @@ impl Snapshot {
         let state = if h.online {
             "online".to_string()
         } else {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
             format!(
-                "OFFLINE{} since {} ({})",
+                "OFFLINE{} for {}s ({})",
                 if h.manual { " (manual)" } else { "" },
-                h.since,
+                now.saturating_sub(h.since),
                 h.reason
             )
         };
