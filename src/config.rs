@@ -190,6 +190,12 @@ fn canonical_dir(
 /// cache (`fs.rs` decides). A path that does not exist or is no directory is an error.
 fn canonical_source(p: &Path) -> Result<PathBuf, ConfigError> {
     let err = |e: String| ConfigError::Source(p.to_path_buf(), e);
+    if p.to_str().is_some_and(|s| s.contains("://")) {
+        // `object_source.rs` is the layer such a mount will use; the fs does not yet.
+        return Err(err(
+            "object-store sources are not supported yet: give a directory (a mounted share)".into(),
+        ));
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let q = p.to_path_buf();
     std::thread::spawn(move || {

@@ -40,6 +40,11 @@ fn invalid_invocations_get_clear_messages() {
     let cases: Vec<(Vec<OsString>, i32, &str)> = vec![
         (vec![p("nope").into(), p("mnt").into()], 1, "source"),
         (
+            vec![o("s3://bucket/prefix"), p("mnt").into()],
+            1,
+            "object-store sources are not supported yet",
+        ),
+        (
             vec![p("file").into(), p("mnt").into()],
             1,
             "is not a directory",
