@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::{BIN, TestMount, is_mounted};
 
-/// Everything `ls -lR` would show of a tree: path, type, mode, size, mtime, link target,
-/// and the contents of regular files.
-fn snapshot(root: &Path) -> Vec<String> {
+/// One line per object of the tree under `root` (sorted per directory), as `describe`
+/// puts it given the relative path, the `lstat` and the object's contents (the link target,
+/// the bytes, or "dir").
+fn tree_lines(root: &Path, describe: impl Fn(&str, &fs::Metadata, &str) -> String) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -32,17 +33,25 @@ fn snapshot(root: &Path) -> Vec<String> {
             } else if m.file_type().is_symlink() {
                 format!("-> {}", fs::read_link(&p).unwrap().display())
             } else {
-                format!("{:?}", fs::read(&p).unwrap())
+                let data = fs::read(&p).unwrap();
+                if data.len() <= 64 {
+                    String::from_utf8_lossy(&data).into_owned()
+                } else {
+                    format!("{} bytes, crc {:08x}", data.len(), crc32fast::hash(&data))
+                }
             };
-            out.push(format!(
-                "{rel} {:o} {} {} {what}",
-                m.mode(),
-                m.len(),
-                m.mtime()
-            ));
+            out.push(describe(&rel, &m, &what));
         }
     }
     out
+}
+
+/// Everything `ls -lR` would show of a tree: path, type, mode, size, mtime, link target,
+/// and the contents of regular files.
+fn snapshot(root: &Path) -> Vec<String> {
+    tree_lines(root, |rel, m, what| {
+        format!("{rel} {:o} {} {} {what}", m.mode(), m.len(), m.mtime())
+    })
 }
 
 fn make_tree(src: &Path) {
@@ -333,34 +342,7 @@ fn a_dead_source_goes_offline_and_a_restarted_one_is_taken_up_again() {
 /// Like `snapshot`, without times (offline changes and the same changes made to a plain
 /// directory get different mtimes).
 fn shape(root: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let mut names: Vec<PathBuf> = fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.unwrap().path())
-            .collect();
-        names.sort();
-        for p in names {
-            let m = fs::symlink_metadata(&p).unwrap();
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            let what = if m.is_dir() {
-                stack.push(p.clone());
-                "dir".to_string()
-            } else if m.file_type().is_symlink() {
-                format!("-> {}", fs::read_link(&p).unwrap().display())
-            } else {
-                let data = fs::read(&p).unwrap();
-                if data.len() <= 64 {
-                    String::from_utf8_lossy(&data).into_owned()
-                } else {
-                    format!("{} bytes, crc {:08x}", data.len(), crc32fast::hash(&data))
-                }
-            };
-            out.push(format!("{rel} {:o} {what}", m.mode()));
-        }
-    }
-    out
+    tree_lines(root, |rel, m, what| format!("{rel} {:o} {what}", m.mode()))
 }
 
 fn copy_tree(from: &Path, to: &Path) {

@@ -164,6 +164,18 @@ impl CachingFs {
         }
     }
 
+    /// Names an object made offline in the saved listing of `dir`.
+    fn add_listed(&self, dir: &Path, name: &OsStr, stat: Stat) -> Result<()> {
+        self.edit_listing(dir, |l| {
+            l.entries.push(ListedEntry {
+                name: name.to_os_string(),
+                stat,
+                link: None,
+            });
+            Ok(())
+        })
+    }
+
     fn lookup_offline(&self, path: &Path) -> Result<Option<Stat>> {
         match self.offline_stat(path) {
             Ok(st) => Ok(Some(st)),
@@ -383,14 +395,7 @@ impl CachingFs {
         state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
         state.files = Some(files);
         state.offline_base = Some(self.oplog.lock().unwrap().base_for(&path, Base::Absent));
-        self.edit_listing(&dir, |l| {
-            l.entries.push(ListedEntry {
-                name: name.to_os_string(),
-                stat: st,
-                link: None,
-            });
-            Ok(())
-        })?;
+        self.add_listed(&dir, name, st)?;
         drop(edits);
         // A new file is stored on close even if nothing is written to it.
         self.mark_written(&mut state);
@@ -561,14 +566,7 @@ impl CachingFs {
                 "cannot save the listing of a directory made offline: {e}"
             );
         }
-        self.edit_listing(&dir, |l| {
-            l.entries.push(ListedEntry {
-                name: name.to_os_string(),
-                stat: st,
-                link: None,
-            });
-            Ok(())
-        })?;
+        self.add_listed(&dir, name, st)?;
         let inode = self.inodes.lookup(parent, &path, &st);
         Ok(attr_of(inode.id, &st))
     }
