@@ -355,12 +355,12 @@ fn a_directory_swapped_for_a_symlink_in_a_rename_race_never_leads_the_daemon_out
     let check_atime = atime_shows_reads(&t.base());
     // The daemon itself must be in the race: it creates, opens and renames under `d`. How
     // many of those reach it in a given time depends on the machine's load, so the race
-    // goes on (up to five rounds) until each kind has.
+    // goes on (up to ten rounds, each from a fresh start) until each kind has.
     let wanted = [
         "create", "open", "rename", "lookup", "setattr", "mkdir", "unlink",
     ];
     let mut ops = 0;
-    for _ in 0..5 {
+    for _ in 0..10 {
         ops += race(t, "../outside", Duration::from_secs(secs));
         let req = t.stats().requests;
         if wanted.iter().all(|op| req[*op] > 10) {

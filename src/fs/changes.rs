@@ -60,10 +60,11 @@ impl CachingFs {
             let now = self.source.stat(path);
             tracing::trace!(?path, change = ?nc.change, exists = now.is_ok(), "source changed");
             if let Err(e) = &now
-                && !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
+                && crate::health::may_mean_unreachable(e)
             {
-                // No answer (offline, a timeout): nothing is known of this name, and it
-                // must not be taken for gone. Reconnection revalidates everything.
+                // No answer (offline, a timeout, a dead server): nothing is known of this
+                // name, and it must not be taken for gone. Reconnection revalidates
+                // everything.
                 continue;
             }
             let held = holders.get(path).map(Vec::as_slice).unwrap_or(&[]);
@@ -86,7 +87,8 @@ impl CachingFs {
                 Ok(st) => held
                     .iter()
                     .any(|i| (st.dev, st.ino) == i.key && st.file_type() == i.file_type),
-                Err(_) => held.is_empty(), // gone (other errors were skipped above)
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => held.is_empty(),
+                Err(_) => false,
             };
             for inode in held {
                 let same = now.as_ref().is_ok_and(|st| {
@@ -102,13 +104,14 @@ impl CachingFs {
                 dirs_changed.insert(nc.dir);
             }
             match now {
-                Err(_) => {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     // Gone from the source: so is its cached copy (an open file keeps its
                     // cache files through its descriptors).
                     if let Err(e) = self.cache.remove(path) {
                         tracing::debug!(?path, "cannot drop cache entry: {e}");
                     }
                 }
+                Err(_) => {}
                 Ok(st) => {
                     if let Some(inode) = self.inodes.find(path, &st) {
                         let changed = self.revalidate_open(&inode, &st, nc.change.data);
