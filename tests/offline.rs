@@ -345,6 +345,13 @@ fn shape(root: &Path) -> Vec<String> {
     tree_lines(root, |rel, m, what| format!("{rel} {:o} {what}", m.mode()))
 }
 
+/// After replay: the source's and the mount's `hoard` both look like `reference`'s.
+fn assert_replayed(t: &TestMount, reference: &Path, what: &str) {
+    let want = shape(&reference.join("hoard"));
+    assert_eq!(shape(&t.s("hoard")), want, "the source, {what}");
+    assert_eq!(shape(&t.m("hoard")), want, "the mount, {what}");
+}
+
 fn copy_tree(from: &Path, to: &Path) {
     let st = Command::new("cp")
         .arg("-a")
@@ -476,17 +483,8 @@ fn offline_changes_are_kept_in_the_cache_and_replayed_on_reconnection() {
             .filter(|l| !l.contains("hoardfs-"))
             .count()
     };
-    assert_eq!(
-        shape(&t.s("hoard")),
-        shape(&expected.join("hoard")),
-        "the source after replay"
-    );
+    assert_replayed(&t, &expected, "after replay");
     assert_eq!(dot(&t.src), shape(&t.src).len(), "no temporary files left");
-    assert_eq!(
-        shape(&t.m("hoard")),
-        shape(&expected.join("hoard")),
-        "the mount after replay"
-    );
     assert!(!t.cache.join("conflicts.log").exists());
 }
 
@@ -595,16 +593,7 @@ fn a_crash_during_replay_loses_and_repeats_nothing() {
         );
         let h = t.stats().health;
         assert_eq!(h.conflicts, 0, "crash after change {k}: {h:?}");
-        assert_eq!(
-            shape(&t.s("hoard")),
-            shape(&expected.join("hoard")),
-            "crash after change {k}"
-        );
-        assert_eq!(
-            shape(&t.m("hoard")),
-            shape(&expected.join("hoard")),
-            "crash after change {k}"
-        );
+        assert_replayed(&t, &expected, &format!("crash after change {k}"));
         k += std::env::var("HOARDFS_REPLAY_CRASH_STEP").map_or(3, |v| v.parse().unwrap()); // every third instant keeps CI short; the changes are of all kinds
         if k > pending {
             break;
@@ -747,16 +736,7 @@ mod offline_model {
         );
         let h = t.stats().health;
         assert_eq!((h.log_pending, h.conflicts), (0, 0), "{h:?}");
-        assert_eq!(
-            shape(&t.s("hoard")),
-            shape(&reference.join("hoard")),
-            "the source"
-        );
-        assert_eq!(
-            shape(&t.m("hoard")),
-            shape(&reference.join("hoard")),
-            "online view"
-        );
+        assert_replayed(&t, &reference, "after reconnection");
     }
 
     proptest! {

@@ -22,7 +22,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -124,10 +124,7 @@ impl CachingFs {
             tracing::warn!("cannot append to the offline log: {e}");
             Errno::EIO
         })?;
-        self.source
-            .health
-            .log_pending
-            .store(log.pending().len() as u64, Relaxed);
+        self.note_pending(&log);
         Ok(())
     }
 
@@ -353,10 +350,7 @@ impl CachingFs {
                 now_secs(),
             )
             .map_err(|_| Errno::EIO)?;
-            self.source
-                .health
-                .log_pending
-                .store(log.pending().len() as u64, Relaxed);
+            self.note_pending(&log);
         }
         state.offline_base = Some(Base::Chained);
         self.checkpoint(state);
@@ -762,13 +756,7 @@ impl CachingFs {
                 {
                     produced.insert(p, Produced::Carried(*base));
                 }
-                log.applied(e.seq, &produced)
-                    .map_err(|err| format!("cannot record replay progress: {err}"))?;
-                self.source.health.log_replayed.fetch_add(1, Relaxed);
-                self.source
-                    .health
-                    .log_pending
-                    .store(log.pending().len() as u64, Relaxed);
+                self.record_replayed(log, e.seq, &produced)?;
                 continue;
             }
             match self.replay_one(&e, log, &mut produced) {
@@ -801,15 +789,31 @@ impl CachingFs {
                 }
                 dirs.insert(parent_of(&p));
             }
-            log.applied(e.seq, &produced)
-                .map_err(|err| format!("cannot record replay progress: {err}"))?;
-            self.source.health.log_replayed.fetch_add(1, Relaxed);
-            self.source
-                .health
-                .log_pending
-                .store(log.pending().len() as u64, Relaxed);
+            self.record_replayed(log, e.seq, &produced)?;
         }
         Ok(dirs)
+    }
+
+    /// Entry `seq` is done: its progress is durable and counted.
+    fn record_replayed(
+        &self,
+        log: &mut OpLog,
+        seq: u64,
+        produced: &HashMap<PathBuf, Produced>,
+    ) -> std::result::Result<(), String> {
+        log.applied(seq, produced)
+            .map_err(|err| format!("cannot record replay progress: {err}"))?;
+        self.source.health.log_replayed.fetch_add(1, Relaxed);
+        self.note_pending(log);
+        Ok(())
+    }
+
+    /// Publishes how many logged changes wait (`hoardfs stats`, metrics).
+    fn note_pending(&self, log: &OpLog) {
+        self.source
+            .health
+            .log_pending
+            .store(log.pending().len() as u64, Relaxed);
     }
 
     /// Copies a Store's content that fits nowhere in the source into the cache's
@@ -1154,11 +1158,11 @@ impl CachingFs {
             r.create_file(&q, libc::O_WRONLY | libc::O_EXCL, 0o600)
         })?;
         let out = Arc::new(out);
-        let mut src = File::open(container)?;
+        let src = File::open(container)?;
         let mut off = 0u64;
         loop {
             let mut buf = vec![0u8; COPY_PIECE];
-            let n = read_up_to(&mut src, &mut buf)?;
+            let n = super::read_full(&src, &mut buf, off)?;
             if n == 0 {
                 break;
             }
@@ -1197,7 +1201,7 @@ impl CachingFs {
 
     /// Whether the source file `p` holds exactly the bytes of `container`.
     fn same_content(&self, p: &Path, container: &Path) -> io::Result<bool> {
-        let mut mine = File::open(container)?;
+        let mine = File::open(container)?;
         let q = p.to_path_buf();
         let theirs = match self
             .source
@@ -1215,7 +1219,7 @@ impl CachingFs {
         let mut off = 0u64;
         loop {
             let mut a = vec![0u8; COPY_PIECE];
-            let n = read_up_to(&mut mine, &mut a)?;
+            let n = super::read_full(&mine, &mut a, off)?;
             if n == 0 {
                 return Ok(true);
             }
@@ -1252,11 +1256,25 @@ impl CachingFs {
             return;
         };
         let same = (|| -> io::Result<bool> {
-            let mut a = Vec::new();
-            File::open(container)?.read_to_end(&mut a)?;
-            let mut b = Vec::new();
-            (&files.data).read_to_end(&mut b)?;
-            Ok(a == b && a.len() as u64 == after.size)
+            let sent = File::open(container)?;
+            let len = sent.metadata()?.len();
+            if len != after.size || files.data.metadata()?.len() != len {
+                return Ok(false);
+            }
+            // Piece by piece: a file can be larger than memory.
+            let (mut a, mut b) = (vec![0u8; COPY_PIECE], vec![0u8; COPY_PIECE]);
+            let mut off = 0;
+            while off < len {
+                let n = super::read_full(&sent, &mut a, off)?;
+                if n == 0
+                    || super::read_full(&files.data, &mut b[..n], off)? != n
+                    || a[..n] != b[..n]
+                {
+                    return Ok(false);
+                }
+                off += n as u64;
+            }
+            Ok(true)
         })();
         match (same, crate::cache::store::read_record(&files)) {
             (Ok(true), Ok(Some(Ok(mut rec)))) if !rec.dirty => {
@@ -1318,16 +1336,4 @@ fn rename(r: &crate::source::BeneathRoot, from: &Path, to: &Path, flags: u32) ->
         }
         r => r,
     }
-}
-
-/// Reads until `buf` is full or the end of the file.
-fn read_up_to(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
 }
