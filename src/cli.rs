@@ -12,6 +12,7 @@ use crate::config::{self, Config, parse_secs, parse_size};
 const CACHING: &str = "Caching";
 const KERNEL: &str = "Kernel caching and access";
 const PROCESS: &str = "Process";
+const OBJECT: &str = "Object-store sources";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -125,7 +126,8 @@ pub enum Generate {
 
 #[derive(Debug, Args)]
 pub struct MountArgs {
-    /// The directory to cache (any POSIX file system: NFS, SMB, SSHFS, a slow disk).
+    /// The directory to cache (any POSIX file system: NFS, SMB, SSHFS, a slow disk), or an
+    /// S3-compatible bucket as s3://BUCKET[/PREFIX].
     #[arg(required_unless_present = "mount_section")]
     pub source: Option<PathBuf>,
     /// Where to present the source's tree.
@@ -206,6 +208,16 @@ pub struct MountArgs {
     /// replayed to the source on reconnection; conflicts keep both versions) [default: refuse].
     #[arg(long, value_enum, help_heading = CACHING)]
     pub offline_writes: Option<config::OfflineWrites>,
+    /// An s3:// source's endpoint, http[s]://HOST[:PORT] [default: AWS_ENDPOINT_URL, the
+    /// profile's endpoint_url, else AWS].
+    #[arg(long, value_name = "URL", help_heading = OBJECT)]
+    pub s3_endpoint: Option<String>,
+    /// An s3:// source's region [default: AWS_REGION, the profile's, else us-east-1].
+    #[arg(long, value_name = "REGION", help_heading = OBJECT)]
+    pub s3_region: Option<String>,
+    /// Address the bucket as BUCKET.HOST (virtual-hosted style) instead of HOST/BUCKET.
+    #[arg(long, help_heading = OBJECT)]
+    pub s3_virtual_hosted: bool,
     /// Serve reads of fully cached files through the daemon instead of FUSE passthrough.
     #[arg(long, help_heading = KERNEL)]
     pub no_passthrough: bool,
@@ -243,7 +255,7 @@ pub struct MountArgs {
     /// source_timeout=S, offline, offline_writes=refuse|log, no_stale_check,
     /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
     /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE,
-    /// metrics_addr=ADDR, fetch_workers=N, fetch_window=N, fetch_inflight=SIZE,
+    /// metrics_addr=ADDR, s3_endpoint=URL, s3_region=R, s3_virtual_hosted, fetch_workers=N, fetch_window=N, fetch_inflight=SIZE,
     /// fetch_fds=N, fetch_dir_prefetch=N; the generic mount(8) options
     /// (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...)
     /// are accepted and ignored.
@@ -324,6 +336,7 @@ impl MountArgs {
             low_watermark: config::DEFAULT_LOW_WATERMARK,
             min_free: None,
             metrics_addr: None,
+            s3: config::S3Settings::default(),
         };
         let mut max_inodes = None;
         let mut cache_dir = None;
@@ -396,6 +409,9 @@ impl MountArgs {
                         _ => c.low_watermark = v,
                     }
                 }
+                "s3_endpoint" => c.s3.endpoint = Some(need(value)?),
+                "s3_region" => c.s3.region = Some(need(value)?),
+                "s3_virtual_hosted" => c.s3.virtual_hosted = true,
                 "no_stale_check" => c.stale_check = false,
                 "stale_check" => c.stale_check = true,
                 "no_passthrough" => c.passthrough = false,
@@ -455,6 +471,9 @@ impl MountArgs {
             .max_inodes
             .or(max_inodes)
             .unwrap_or_else(config::default_max_inodes);
+        c.s3.endpoint = self.s3_endpoint.or(c.s3.endpoint);
+        c.s3.region = self.s3_region.or(c.s3.region);
+        c.s3.virtual_hosted |= self.s3_virtual_hosted;
         c.stale_check &= !self.no_stale_check;
         c.passthrough &= !self.no_passthrough;
         c.allow_other |= self.allow_other;
@@ -462,6 +481,7 @@ impl MountArgs {
         c.foreground = self.foreground;
         c.cache_dir = match cache_dir {
             Some(d) => d,
+            None if c.object_url().is_some() => config::default_cache_dir(&c.source),
             None => {
                 let abs = std::fs::canonicalize(&c.source).unwrap_or_else(|_| c.source.clone());
                 config::default_cache_dir(&abs)

@@ -118,6 +118,29 @@ pub struct Config {
     pub min_free: Option<u64>,
     /// Where to serve Prometheus metrics (`metrics.rs`); `None`: no endpoint.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How to reach an `s3://` source (`object_source.rs`); unused for directories.
+    pub s3: S3Settings,
+}
+
+/// The command line's say on reaching an object store; credentials come from the AWS
+/// environment variables and profile files.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct S3Settings {
+    /// `http[s]://host[:port]`; `None`: AWS, or `AWS_ENDPOINT_URL[_S3]`, or the profile's.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// `BUCKET.host` URLs instead of path style (`host/BUCKET`).
+    pub virtual_hosted: bool,
+}
+
+impl Config {
+    /// The object-store URL when the source is one (`s3://BUCKET[/PREFIX]`).
+    pub fn object_url(&self) -> Option<crate::object_source::ObjectUrl> {
+        let s = self.source.to_str()?;
+        s.starts_with("s3://")
+            .then(|| crate::object_source::ObjectUrl::parse(s).ok())
+            .flatten()
+    }
 }
 
 /// Whether hoardfs watches the source (inotify) for changes made behind the mount.
@@ -190,11 +213,15 @@ fn canonical_dir(
 /// cache (`fs.rs` decides). A path that does not exist or is no directory is an error.
 fn canonical_source(p: &Path) -> Result<PathBuf, ConfigError> {
     let err = |e: String| ConfigError::Source(p.to_path_buf(), e);
-    if p.to_str().is_some_and(|s| s.contains("://")) {
-        // `object_source.rs` is the layer such a mount will use; the fs does not yet.
-        return Err(err(
-            "object-store sources are not supported yet: give a directory (a mounted share)".into(),
-        ));
+    if let Some(s) = p.to_str().filter(|s| s.contains("://")) {
+        if !s.starts_with("s3://") {
+            return Err(err(
+                "the only object-store sources are s3://BUCKET[/PREFIX]; give that or a directory"
+                    .into(),
+            ));
+        }
+        crate::object_source::ObjectUrl::parse(s).map_err(err)?;
+        return Ok(p.to_path_buf());
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let q = p.to_path_buf();
@@ -273,6 +300,25 @@ impl Config {
             })?;
         }
         self.cache_dir = canonical_dir(&self.cache_dir, ConfigError::CacheDir)?;
+        if self.object_url().is_some() {
+            if self.offline_writes == OfflineWrites::Log {
+                return Err(ConfigError::Invalid(
+                    "offline_writes=log is not available for object-store sources yet".into(),
+                ));
+            }
+            let (m, c) = (&self.mountpoint, &self.cache_dir);
+            if c.starts_with(m) || m.starts_with(c) {
+                return Err(ConfigError::CacheDir(
+                    c.clone(),
+                    format!(
+                        "must not be inside the mount point {} or contain it",
+                        m.display()
+                    ),
+                ));
+            }
+            self.check_values()?;
+            return Ok(self);
+        }
         let (s, m, c) = (&self.source, &self.mountpoint, &self.cache_dir);
         if c.starts_with(s) || s.starts_with(c) {
             return Err(ConfigError::CacheDir(

@@ -56,6 +56,15 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("fetch_inflight", Kind::Value),
     ("fetch_fds", Kind::Value),
     ("fetch_dir_prefetch", Kind::Value),
+    ("s3_endpoint", Kind::Value),
+    ("s3_region", Kind::Value),
+    (
+        "s3_virtual_hosted",
+        Kind::Flag {
+            on: "s3_virtual_hosted",
+            off: None,
+        },
+    ),
     (
         "no_stale_check",
         Kind::Flag {
@@ -312,7 +321,10 @@ fn settings(table: &dyn TableLike, in_section: bool, problems: &mut Vec<Problem>
                 "`{key}` belongs in a [mount.NAME] section, not at the top level"
             )),
             Kind::Path => match value.as_str() {
-                Some(p) if Path::new(p).is_absolute() => {
+                Some(p)
+                    if Path::new(p).is_absolute()
+                        || (key == "source" && p.starts_with("s3://")) =>
+                {
                     let p = Some(PathBuf::from(p));
                     if key == "source" {
                         s.source = p;

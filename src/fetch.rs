@@ -52,7 +52,7 @@ const DEAD: u64 = u64::MAX;
 /// open at once stays under `fetch_fds` (the paper's "resource hog" warning about hints).
 #[derive(Debug)]
 pub struct SourceFd {
-    pub file: File,
+    pub reader: crate::object_tree::SourceReader,
     open: Arc<AtomicU64>,
 }
 
@@ -445,7 +445,10 @@ impl Fetcher {
     }
 
     /// Opens a fetch descriptor with `open` unless `fetch_fds` are open already.
-    pub fn open_source(&self, open: impl FnOnce() -> io::Result<File>) -> Option<Arc<SourceFd>> {
+    pub fn open_source(
+        &self,
+        open: impl FnOnce() -> io::Result<crate::object_tree::SourceReader>,
+    ) -> Option<Arc<SourceFd>> {
         let max = self.tun.fds.load(Relaxed);
         let prev = self
             .fds_open
@@ -453,8 +456,8 @@ impl Fetcher {
             .ok()?;
         let _ = prev;
         match open() {
-            Ok(file) => Some(Arc::new(SourceFd {
-                file,
+            Ok(reader) => Some(Arc::new(SourceFd {
+                reader,
                 open: self.fds_open.clone(),
             })),
             Err(_) => {
@@ -951,7 +954,7 @@ mod tests {
         assert_eq!(f.tun.dir_prefetch.load(Relaxed), 0);
         assert_eq!(f.set("max_inodes", "5"), Ok(false));
         // Two descriptors at most.
-        let open = || File::open("/dev/null");
+        let open = || File::open("/dev/null").map(crate::object_tree::SourceReader::File);
         let a = f.open_source(open).unwrap();
         let _b = f.open_source(open).unwrap();
         assert!(f.open_source(open).is_none());

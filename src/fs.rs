@@ -27,12 +27,14 @@ use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 mod changes;
 mod fetch;
+mod object;
 mod offline;
 mod reintegrate;
 pub use changes::spawn_coherence_threads;
 pub use fetch::spawn_fetch_workers;
 
 use crate::cache::record::chunk_count;
+use crate::cache::source_info::OBJECT_STORE_TYPE;
 use crate::cache::source_info::SourceInfo;
 use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
@@ -42,6 +44,8 @@ use crate::config::Config;
 use crate::fetch::{Fetcher, FileFetch, HandleFetch, SourceFd};
 use crate::health::{GuardedSource, Health};
 use crate::inode::{Inode, InodeLimits, InodeTable};
+use crate::object_source::ObjectSource;
+use crate::object_tree::{ObjectTree, SourceReader};
 use crate::oplog::OpLog;
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
@@ -115,6 +119,16 @@ pub struct Handle {
     /// Opened for writing while offline: writes go to the cache file, and its content to
     /// the offline log on close (`fs/reintegrate.rs`).
     logged: bool,
+    /// Opened for writing on an object store: writes go to the cache file, which is
+    /// uploaded whole on close and fsync (`fs/object.rs`).
+    uploads: bool,
+}
+
+impl Handle {
+    /// Whether writes go to the cache file rather than to the source.
+    fn writes_to_cache(&self) -> bool {
+        self.logged || self.uploads
+    }
 }
 
 /// What `open` and `create` answer.
@@ -129,8 +143,8 @@ pub struct Opened {
 pub struct DirList {
     pub dir_id: u64,
     pub path: PathBuf,
-    /// `O_PATH` descriptor of the directory.
-    fd: OwnedFd,
+    /// `O_PATH` descriptor of the directory (none on an object store).
+    fd: Option<OwnedFd>,
     pub entries: Vec<ListEntry>,
 }
 
@@ -216,6 +230,51 @@ fn open_source(
     Ok((root, info))
 }
 
+/// Opens an object-store source and checks that it answers (a stat of its root); one that
+/// does not is used offline when the cache holds an earlier mount of it.
+fn open_object_source(
+    cfg: &Config,
+    url: &crate::object_source::ObjectUrl,
+    cache_root: &Path,
+    recorded: Option<&SourceInfo>,
+) -> anyhow::Result<(ObjectTree, SourceInfo, Option<String>)> {
+    let name = cfg.source.display();
+    let opts = crate::object_source::S3Options {
+        endpoint: cfg.s3.endpoint.clone(),
+        region: cfg.s3.region.clone(),
+        virtual_hosted: cfg.s3.virtual_hosted,
+        allow_http: cfg
+            .s3
+            .endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://")),
+        ..Default::default()
+    };
+    let store = ObjectSource::open(url, opts)
+        .map_err(|e| anyhow::anyhow!("cannot use the source {name}: {e}"))?;
+    let tree = ObjectTree::new(store);
+    let object_recorded = recorded.filter(|r| r.fs_type == OBJECT_STORE_TYPE);
+    if recorded.is_some() && object_recorded.is_none() {
+        anyhow::bail!(
+            "the cache directory {} was filled from a directory source, not {name}",
+            cache_root.display()
+        );
+    }
+    match tree.check_root() {
+        Ok(root) => {
+            let info = SourceInfo::object(&root);
+            if let Err(e) = info.save(cache_root) {
+                tracing::warn!("cannot record the source's kind in the cache: {e}");
+            }
+            Ok((tree, info, None))
+        }
+        Err(e) if crate::health::may_mean_unreachable(&e) && object_recorded.is_some() => {
+            Ok((tree, *object_recorded.unwrap(), Some(e.to_string())))
+        }
+        Err(e) => anyhow::bail!("cannot use the source {name}: {e}"),
+    }
+}
+
 fn kind_of(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
         libc::S_IFDIR => FileType::Directory,
@@ -291,6 +350,20 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 impl CachingFs {
     pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
         let recorded = SourceInfo::load(cache.root());
+        if let Some(url) = cfg.object_url() {
+            let (tree, info, unreachable) =
+                open_object_source(&cfg, &url, cache.root(), recorded.as_ref())?;
+            // Object-store calls carry their own timeouts (`S3Options`); a health timeout
+            // shorter than an upload would take the mount offline in mid-upload.
+            let timeout = cfg.source_timeout.filter(|t| !t.is_zero());
+            let health = Arc::new(Health::new(timeout, cfg.start_offline));
+            if let Some(why) = &unreachable {
+                health.go_offline(&format!("the source is unavailable at start: {why}"), false);
+            }
+            let name = cfg.source.to_string_lossy().into_owned();
+            let source = GuardedSource::new_object(tree, &name, health, &info);
+            return Self::with_source(cfg, cache, Arc::new(source), info, info.root_stat());
+        }
         let (root, info, unreachable) = match open_source(&cfg.source, recorded.as_ref()) {
             Ok((root, info)) => {
                 if let Err(e) = info.save(cache.root()) {
@@ -313,13 +386,23 @@ impl CachingFs {
         if let Some(why) = &unreachable {
             health.go_offline(&format!("the source is unavailable at start: {why}"), false);
         }
-        let stable_ino = info.stable_ino;
         let root_stat = match &root {
             Some(r) => fstat(r.root_fd())?,
             None => info.root_stat(),
         };
-        let coherence = Coherence::new(&cfg, !info.remote);
         let source = Arc::new(GuardedSource::new(root, &cfg.source, health, &info));
+        Self::with_source(cfg, cache, source, info, root_stat)
+    }
+
+    fn with_source(
+        cfg: Config,
+        cache: CacheStore,
+        source: Arc<GuardedSource>,
+        info: SourceInfo,
+        root_stat: Stat,
+    ) -> anyhow::Result<CachingFs> {
+        let stable_ino = info.stable_ino;
+        let coherence = Coherence::new(&cfg, !info.remote);
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
@@ -534,6 +617,11 @@ impl CachingFs {
         self.passthrough_ok.store(false, Ordering::Relaxed);
     }
 
+    /// Whether the source is an object store (`object_tree.rs`).
+    pub fn source_is_object(&self) -> bool {
+        self.source.is_object()
+    }
+
     pub fn passthrough_enabled(&self) -> bool {
         self.passthrough_ok.load(Ordering::Relaxed)
     }
@@ -609,7 +697,10 @@ impl CachingFs {
             None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
         match stat {
-            Ok(st) => Ok(attr_of(id, &st)),
+            Ok(mut st) => {
+                self.pending_attr(id, &mut st);
+                Ok(attr_of(id, &st))
+            }
             // fstat of an open file whose name is gone: answer from an open descriptor.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 let st = self
@@ -626,17 +717,19 @@ impl CachingFs {
         if inode.file_type == libc::S_IFDIR {
             let dirs = self.dirs.lock().unwrap();
             let list = dirs.values().find(|l| l.dir_id == inode.id)?;
-            return crate::source::dup_file(list.fd.as_fd())
+            return crate::source::dup_file(list.fd.as_ref()?.as_fd())
                 .ok()
                 .map(OwnedFd::from);
         }
         let guard = inode.file();
         let state = guard.as_ref()?;
-        let fd = state
-            .path_fd
+        let fd = state.path_fd.as_ref().map(|f| f.as_fd()).or(state
+            .fetch_src
             .as_ref()
-            .map(|f| f.as_fd())
-            .or(state.fetch_src.as_ref().map(|f| f.file.as_fd()))?;
+            .and_then(|f| match &f.reader {
+                SourceReader::File(file) => Some(file.as_fd()),
+                SourceReader::Object { .. } => None,
+            }))?;
         crate::source::dup_file(fd).ok().map(OwnedFd::from)
     }
 
@@ -657,8 +750,9 @@ impl CachingFs {
         self.coherence
             .watch_dir(parent, || self.source.dir(&dir_path).ok());
         let path = child(&dir_path, name)?;
-        let st = self.source.stat(&path).map_err(errno)?;
+        let mut st = self.source.stat(&path).map_err(errno)?;
         let inode = self.inodes.lookup(parent, &path, &st);
+        self.pending_attr(inode.id, &mut st);
         Ok(attr_of(inode.id, &st))
     }
 
@@ -742,6 +836,9 @@ impl CachingFs {
     ) -> Result<FileAttr> {
         if self.offline_change()? {
             return self.offline_mkdir(parent, name, mode, uid, gid);
+        }
+        if self.source.is_object() {
+            return self.object_mkdir(parent, name, mode, uid, gid);
         }
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
@@ -880,6 +977,9 @@ impl CachingFs {
         let inode = self.inode(id)?;
         if self.offline_change()? {
             return self.offline_setattr(&inode, &attr);
+        }
+        if self.source.is_object() {
+            return self.object_setattr(&inode, attr);
         }
         let path = inode.path();
         let handle = fh.and_then(|fh| self.handle(fh).ok());
@@ -1065,17 +1165,22 @@ impl CachingFs {
     fn opendir_online(&self, id: u64, path: &Path) -> Result<u64> {
         let path = path.to_path_buf();
         // Kept for fstat of the open directory once its name is gone.
-        let fd = self
-            .source
-            .openat(
-                &path,
-                rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
-                0,
-            )
-            .map_err(errno)?;
-        self.coherence.watch_dir(id, || {
-            crate::source::dup_file(fd.as_fd()).ok().map(OwnedFd::from)
-        });
+        let fd = if self.source.is_object() {
+            None
+        } else {
+            let fd = self
+                .source
+                .openat(
+                    &path,
+                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+                    0,
+                )
+                .map_err(errno)?;
+            self.coherence.watch_dir(id, || {
+                crate::source::dup_file(fd.as_fd()).ok().map(OwnedFd::from)
+            });
+            Some(fd)
+        };
         let entries = self.source.read_dir(&path).map_err(errno)?;
         self.save_listing(&path, &entries);
         let mut list = Vec::with_capacity(entries.len() + 2);
@@ -1177,6 +1282,9 @@ impl CachingFs {
         if self.offline_change()? {
             return self.offline_create(parent, name, mode, flags, uid, gid);
         }
+        if self.source.is_object() {
+            return self.object_create(parent, name, mode, flags, uid, gid);
+        }
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         // Exclusive first, so that we know we made it and may give it to the caller; a file
@@ -1225,6 +1333,7 @@ impl CachingFs {
                 passthrough: None,
                 fetch: HandleFetch::default(),
                 logged: false,
+                uploads: false,
             }),
         );
         Ok((
@@ -1283,11 +1392,16 @@ impl CachingFs {
         let id = inode.id;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.ensure_listed(path.parent().unwrap_or(Path::new("")));
-        let path_fd = self
-            .source
-            .openat(&path, rustix::fs::OFlags::PATH, 0)
-            .map_err(errno)?;
-        let st = self.source.fstat(path_fd.as_fd()).map_err(errno)?;
+        let (path_fd, st) = if self.source.is_object() {
+            (None, self.source.stat(&path).map_err(errno)?)
+        } else {
+            let fd = self
+                .source
+                .openat(&path, rustix::fs::OFlags::PATH, 0)
+                .map_err(errno)?;
+            let st = self.source.fstat(fd.as_fd()).map_err(errno)?;
+            (Some(fd), st)
+        };
         if !st.is_file() {
             return Err(Errno::EINVAL);
         }
@@ -1297,7 +1411,7 @@ impl CachingFs {
         match guard.as_mut() {
             None => {
                 let (mut state, reset) = self.load_state(&inode, &path, &st, false);
-                state.path_fd = Some(path_fd);
+                state.path_fd = path_fd;
                 keep_cache = !reset;
                 fresh = true;
                 *guard = Some(state);
@@ -1305,7 +1419,7 @@ impl CachingFs {
             Some(state) => {
                 // Loaded by the directory prefetch, which keeps no `O_PATH` descriptor.
                 if state.path_fd.is_none() {
-                    state.path_fd = Some(path_fd);
+                    state.path_fd = path_fd;
                 }
                 if self.stale_check()
                     && !state.written
@@ -1344,11 +1458,22 @@ impl CachingFs {
             }
         }
         let state = guard.as_mut().unwrap();
+        if writable && self.source.is_object() {
+            if let Err(e) = self.object_prepare_write(state, &path, flags) {
+                self.release_if_unused(&inode, &mut guard);
+                return Err(e);
+            }
+            state.daemon_opens += 1;
+            drop(guard);
+            return Ok(Opened {
+                fh: self.upload_handle(&inode),
+                flags: FopenFlags::empty(),
+                backing: None,
+            });
+        }
 
         if !state.complete() && state.fetch_src.is_none() {
-            state.fetch_src = self
-                .fetcher
-                .open_source(|| self.source.open_file(&path, libc::O_RDONLY));
+            state.fetch_src = self.fetcher.open_source(|| self.source.open_reader(&path));
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).
@@ -1453,6 +1578,7 @@ impl CachingFs {
                 passthrough: backing.clone(),
                 fetch: HandleFetch::default(),
                 logged: false,
+                uploads: false,
             }),
         );
         self.grant_lease(id);
@@ -1667,12 +1793,7 @@ impl CachingFs {
             .fetch_src
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        let buf = self.source.with_fd(src.file.as_fd(), move |f| {
-            let mut buf = vec![0u8; len];
-            let n = read_full(f, &mut buf, off)?;
-            buf.truncate(n);
-            Ok(buf)
-        })?;
+        let buf = self.source.read_at(&src.reader, len, off)?;
         let n = buf.len();
         Stats::add(&self.stats.cache.bytes_from_source, n as u64);
         if n < len {
@@ -1710,7 +1831,7 @@ impl CachingFs {
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
-        if h.logged {
+        if h.writes_to_cache() {
             return self.offline_write(&h, offset, data);
         }
         self.changes_allowed()?;
@@ -1793,9 +1914,12 @@ impl CachingFs {
         drop(lock);
         // Written offline: the content goes to the offline log on close (Coda's store).
         if let Ok(h) = self.handle(fh)
-            && h.logged
+            && h.writes_to_cache()
             && let Some(state) = h.inode.file().as_mut()
         {
+            if h.uploads {
+                return self.object_store(&h.inode, state);
+            }
             return self.offline_store(&h.inode, state);
         }
         Ok(())
@@ -1819,6 +1943,9 @@ impl CachingFs {
             if h.logged {
                 return self.offline_store(&h.inode, state);
             }
+            if h.uploads {
+                return self.object_store(&h.inode, state);
+            }
             self.checkpoint(state);
         }
         Ok(())
@@ -1837,6 +1964,12 @@ impl CachingFs {
             }
             self.offline_writers.fetch_sub(1, Ordering::Relaxed);
         }
+        if h.uploads
+            && let Some(state) = guard.as_mut()
+            && let Err(e) = self.object_store(&h.inode, state)
+        {
+            tracing::warn!("cannot upload a written file at release: {e:?}");
+        }
         if let Some(state) = guard.as_mut() {
             if h.passthrough.is_some() {
                 state.passthrough_opens -= 1;
@@ -1851,7 +1984,7 @@ impl CachingFs {
 
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
         let h = self.handle(fh)?;
-        if h.logged {
+        if h.writes_to_cache() {
             return self.offline_fallocate(&h, offset, length, mode);
         }
         self.changes_allowed()?;
@@ -1909,6 +2042,10 @@ impl CachingFs {
     /// SEEK_DATA / SEEK_HOLE answered by the source, which knows its holes.
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
         let h = self.handle(fh)?;
+        if self.source.is_object() {
+            // The kernel then seeks by itself (no holes to report): `fuse_lseek`.
+            return Err(Errno::ENOSYS);
+        }
         let owned;
         let src = match &h.source {
             Some(s) => s,
@@ -1930,6 +2067,10 @@ impl CachingFs {
     // ---------------------------------------------------------------- locks
 
     fn lock_file(&self, id: u64, owner: u64, fh: u64) -> Result<File> {
+        if self.source.is_object() {
+            // No locks in an object store: the kernel keeps them, local to this machine.
+            return Err(Errno::ENOSYS);
+        }
         let mut locks = self.locks.lock().unwrap();
         if let Some(f) = locks.get(&(id, owner)) {
             return crate::source::dup_file(f.as_fd()).map_err(errno);

@@ -96,12 +96,15 @@ impl Filesystem for FuseAdapter {
         // Readdirplus (adaptive: the kernel asks for it when lookups follow a listing)
         // answers `ls -l` without one lookup per name.
         let mut want = InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_POSIX_LOCKS
-            // flock(2) arrives as a whole-file lock owned by the open file; it is taken on
-            // the source like POSIX locks, so it excludes across mounts.
-            | InitFlags::FUSE_FLOCK_LOCKS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO;
+        // An object store has no locks: without these the kernel keeps them itself, local
+        // to this machine.
+        if !self.fs.source_is_object() {
+            // flock(2) arrives as a whole-file lock owned by the open file; it is taken on
+            // the source like POSIX locks, so it excludes across mounts.
+            want |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+        }
         if self.fs.passthrough_enabled() {
             if caps.contains(InitFlags::FUSE_PASSTHROUGH) {
                 want |= InitFlags::FUSE_PASSTHROUGH;

@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::source_info::SourceInfo;
+use crate::object_tree::{ObjectTree, SourceReader};
 use crate::source::{BeneathRoot, Stat};
 
 /// Source workers when calls run with a timeout: as many hung calls as this can be
@@ -265,6 +266,8 @@ pub struct GuardedSource {
     remote: bool,
     pub health: Arc<Health>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// An object-store source (`object_tree.rs`); `root` is then always `None`.
+    object: Option<Arc<ObjectTree>>,
 }
 
 impl GuardedSource {
@@ -284,7 +287,42 @@ impl GuardedSource {
             remote: info.remote,
             health,
             jobs: Mutex::new(None),
+            object: None,
         }
+    }
+
+    /// An object-store source, described by `info` (`SourceInfo::object`).
+    pub fn new_object(
+        tree: ObjectTree,
+        url: &str,
+        health: Arc<Health>,
+        info: &SourceInfo,
+    ) -> GuardedSource {
+        let mut s = GuardedSource::new(None, Path::new(url), health, info);
+        s.object = Some(Arc::new(tree));
+        s
+    }
+
+    /// Whether the source is an object store: no descriptors, no writes in place.
+    pub fn is_object(&self) -> bool {
+        self.object.is_some()
+    }
+
+    /// Like `call`, on an object-store source.
+    fn call_obj<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ObjectTree) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        if !self.health.online() {
+            self.health.offline_requests.fetch_add(1, Relaxed);
+            return Err(io::Error::from_raw_os_error(OFFLINE));
+        }
+        let tree = self.object.clone().expect("an object-store source");
+        let r = self.timed(move || f(&tree));
+        if let Err(e) = &r {
+            self.failed(e);
+        }
+        r
     }
 
     fn root(&self) -> io::Result<Arc<BeneathRoot>> {
@@ -397,6 +435,9 @@ impl GuardedSource {
     /// FUSE source mounted anew at its path (a restarted sshfs) is taken up again.
     fn probe(&self) -> io::Result<()> {
         self.health.probes.fetch_add(1, Relaxed);
+        if let Some(tree) = self.object.clone() {
+            return self.timed(move || tree.probe());
+        }
         let path = self.path.clone();
         let now: (u64, u64, i64) = self.timed(move || {
             let m = std::fs::symlink_metadata(&path)?;
@@ -467,7 +508,64 @@ pub fn spawn_probe(src: Arc<GuardedSource>) -> io::Result<()> {
 impl GuardedSource {
     pub fn stat(&self, rel: &Path) -> io::Result<Stat> {
         let rel = rel.to_path_buf();
+        if self.is_object() {
+            return self.call_obj(move |o| o.stat(&rel));
+        }
         self.call(move |r| r.stat(&rel))
+    }
+
+    /// A reader of the file at `rel` for fetching (`fetch::SourceFd`).
+    pub fn open_reader(&self, rel: &Path) -> io::Result<SourceReader> {
+        let rel = rel.to_path_buf();
+        if self.is_object() {
+            return self.call_obj(move |o| o.open_reader(&rel));
+        }
+        self.call(move |r| r.open_file(&rel, libc::O_RDONLY))
+            .map(SourceReader::File)
+    }
+
+    /// Up to `len` bytes at `offset` of a reader's file (fewer only at its end).
+    pub fn read_at(&self, reader: &SourceReader, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        match reader {
+            SourceReader::File(f) => {
+                use std::os::fd::AsFd;
+                self.with_fd(f.as_fd(), move |f| {
+                    let mut buf = vec![0u8; len];
+                    let n = crate::fs::read_full(f, &mut buf, offset)?;
+                    buf.truncate(n);
+                    Ok(buf)
+                })
+            }
+            SourceReader::Object { rel, etag } => {
+                let (rel, etag) = (rel.clone(), etag.clone());
+                self.call_obj(move |o| o.read_at(&rel, etag.as_deref(), len, offset))
+            }
+        }
+    }
+
+    /// Creates the directory `rel` on an object store, owned by `owner`.
+    pub fn object_mkdir(&self, rel: &Path, mode: u32, owner: (u32, u32)) -> io::Result<Stat> {
+        let rel = rel.to_path_buf();
+        self.call_obj(move |o| o.mkdir(&rel, mode, owner))
+    }
+
+    /// Mode, owner and mtime of `rel` on an object store.
+    pub fn object_set_attr(&self, rel: &Path, attr: &crate::source::SetAttr) -> io::Result<Stat> {
+        let (rel, attr) = (rel.to_path_buf(), *attr);
+        self.call_obj(move |o| o.set_attr(&rel, &attr))
+    }
+
+    /// Uploads `file` whole as `rel` (`ObjectTree::upload`).
+    pub fn object_upload(
+        &self,
+        rel: &Path,
+        file: &std::fs::File,
+        keep: Option<Stat>,
+        mtime: SystemTime,
+    ) -> io::Result<Stat> {
+        let rel = rel.to_path_buf();
+        let file = file.try_clone()?;
+        self.call_obj(move |o| o.upload(&rel, &file, keep.as_ref(), mtime))
     }
 
     pub fn stat_children(
@@ -477,6 +575,12 @@ impl GuardedSource {
     ) -> io::Result<Vec<io::Result<Stat>>> {
         let dir = dir.to_path_buf();
         let names: Vec<std::ffi::OsString> = names.iter().map(|n| n.to_os_string()).collect();
+        if self.is_object() {
+            return self.call_obj(move |o| {
+                let names: Vec<&std::ffi::OsStr> = names.iter().map(|n| n.as_os_str()).collect();
+                Ok(o.stat_children(&dir, &names))
+            });
+        }
         self.call(move |r| {
             let names: Vec<&std::ffi::OsStr> = names.iter().map(|n| n.as_os_str()).collect();
             r.stat_children(&dir, &names)
@@ -490,61 +594,81 @@ impl GuardedSource {
         mode: u32,
     ) -> io::Result<std::os::fd::OwnedFd> {
         let rel = rel.to_path_buf();
+        self.no_descriptors()?;
         self.call(move |r| r.openat(&rel, flags, mode))
     }
 
     pub fn dir(&self, rel: &Path) -> io::Result<std::os::fd::OwnedFd> {
         let rel = rel.to_path_buf();
+        self.no_descriptors()?;
         self.call(move |r| r.dir(&rel))
     }
 
     pub fn open_file(&self, rel: &Path, flags: i32) -> io::Result<std::fs::File> {
         let rel = rel.to_path_buf();
+        self.no_descriptors()?;
         self.call(move |r| r.open_file(&rel, flags))
     }
 
     pub fn create_file(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<std::fs::File> {
         let rel = rel.to_path_buf();
+        self.no_descriptors()?;
         self.call(move |r| r.create_file(&rel, flags, mode))
     }
 
     pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
         let rel = rel.to_path_buf();
+        if self.is_object() {
+            return self.call_obj(move |o| o.mkdir(&rel, mode, o.default_owner()).map(|_| ()));
+        }
         self.call(move |r| r.mkdir(&rel, mode))
     }
 
     pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> io::Result<()> {
         let rel = rel.to_path_buf();
+        self.unsupported(libc::EPERM)?;
         self.call(move |r| r.mknod(&rel, mode, rdev))
     }
 
     pub fn symlink(&self, target: &Path, rel: &Path) -> io::Result<()> {
         let (target, rel) = (target.to_path_buf(), rel.to_path_buf());
+        self.unsupported(libc::EPERM)?;
         self.call(move |r| r.symlink(&target, &rel))
     }
 
     pub fn readlink(&self, rel: &Path) -> io::Result<Vec<u8>> {
         let rel = rel.to_path_buf();
+        self.unsupported(libc::EINVAL)?;
         self.call(move |r| r.readlink(&rel))
     }
 
     pub fn unlink(&self, rel: &Path) -> io::Result<()> {
         let rel = rel.to_path_buf();
+        if self.is_object() {
+            return self.call_obj(move |o| o.unlink(&rel));
+        }
         self.call(move |r| r.unlink(&rel))
     }
 
     pub fn rmdir(&self, rel: &Path) -> io::Result<()> {
         let rel = rel.to_path_buf();
+        if self.is_object() {
+            return self.call_obj(move |o| o.rmdir(&rel));
+        }
         self.call(move |r| r.rmdir(&rel))
     }
 
     pub fn rename(&self, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
         let (from, to) = (from.to_path_buf(), to.to_path_buf());
+        if self.is_object() {
+            return self.call_obj(move |o| o.rename(&from, &to, flags));
+        }
         self.call(move |r| r.rename(&from, &to, flags))
     }
 
     pub fn link(&self, from: &Path, to: &Path) -> io::Result<()> {
         let (from, to) = (from.to_path_buf(), to.to_path_buf());
+        self.unsupported(libc::EPERM)?;
         self.call(move |r| r.link(&from, &to))
     }
 
@@ -555,6 +679,10 @@ impl GuardedSource {
         attr: &crate::source::SetAttr,
     ) -> io::Result<()> {
         let rel = rel.map(Path::to_path_buf);
+        if self.is_object() {
+            let rel = rel.ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+            return self.object_set_attr(&rel, attr).map(|_| ());
+        }
         let fd = fd.map(crate::source::dup_file).transpose()?;
         let attr = *attr;
         self.call(move |r| {
@@ -565,21 +693,36 @@ impl GuardedSource {
 
     pub fn chown_new(&self, rel: &Path, uid: u32, gid: Option<u32>) -> io::Result<()> {
         let rel = rel.to_path_buf();
+        if self.is_object() {
+            let attr = crate::source::SetAttr {
+                uid: Some(uid),
+                gid,
+                ..Default::default()
+            };
+            return self.object_set_attr(&rel, &attr).map(|_| ());
+        }
         self.call(move |r| r.chown_new(&rel, uid, gid))
     }
 
     pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<crate::source::DirEntry>> {
         let rel = rel.to_path_buf();
+        if self.is_object() {
+            return self.call_obj(move |o| o.read_dir(&rel));
+        }
         self.call(move |r| r.read_dir(&rel))
     }
 
     pub fn getxattr(&self, rel: &Path, name: &std::ffi::OsStr, size: usize) -> io::Result<Vec<u8>> {
         let (rel, name) = (rel.to_path_buf(), name.to_os_string());
+        self.unsupported(libc::EOPNOTSUPP)?;
         self.call(move |r| r.getxattr(&rel, &name, size))
     }
 
     pub fn listxattr(&self, rel: &Path, size: usize) -> io::Result<Vec<u8>> {
         let rel = rel.to_path_buf();
+        if self.is_object() {
+            return Ok(Vec::new());
+        }
         self.call(move |r| r.listxattr(&rel, size))
     }
 
@@ -591,16 +734,35 @@ impl GuardedSource {
         flags: i32,
     ) -> io::Result<()> {
         let (rel, name, value) = (rel.to_path_buf(), name.to_os_string(), value.to_vec());
+        self.unsupported(libc::EOPNOTSUPP)?;
         self.call(move |r| r.setxattr(&rel, &name, &value, flags))
     }
 
     pub fn removexattr(&self, rel: &Path, name: &std::ffi::OsStr) -> io::Result<()> {
         let (rel, name) = (rel.to_path_buf(), name.to_os_string());
+        self.unsupported(libc::EOPNOTSUPP)?;
         self.call(move |r| r.removexattr(&rel, &name))
     }
 
     pub fn statvfs(&self) -> io::Result<libc::statvfs> {
+        if self.is_object() {
+            return self.call_obj(|o| Ok(o.statvfs()));
+        }
         self.call(|r| r.statvfs())
+    }
+
+    /// Calls an object store cannot express answer `errno` there.
+    fn unsupported(&self, errno: i32) -> io::Result<()> {
+        if self.is_object() {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        Ok(())
+    }
+
+    /// Descriptor calls: an object store has none (`ENOTSUP`; callers that can do
+    /// without one check `is_object` first).
+    fn no_descriptors(&self) -> io::Result<()> {
+        self.unsupported(libc::ENOTSUP)
     }
 
     /// `fstat` of a source descriptor.

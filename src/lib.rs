@@ -16,6 +16,7 @@ pub mod logging;
 pub mod manpage;
 pub mod metrics;
 pub mod object_source;
+pub mod object_tree;
 pub mod oplog;
 pub mod run;
 pub mod sd_notify;

@@ -237,6 +237,58 @@ impl ObjStat {
     }
 }
 
+/// The device number of every object-store stat: there is no device, and the inode table
+/// keys entries by `(dev, ino)`.
+pub const OBJECT_DEV: u64 = 0x5333_0001;
+
+/// A stable inode number for a key: FNV-1a of it (a directory's with its trailing `/`, so
+/// that a file and a directory of one name never share a number). Renames give a new
+/// number, as copy + delete makes a new object.
+pub fn ino_of(key: &str, kind: ObjKind) -> u64 {
+    let h = match kind {
+        ObjKind::File => fnv1a(key.as_bytes()),
+        ObjKind::Dir => fnv1a(format!("{key}/").as_bytes()),
+    };
+    h.max(2)
+}
+
+impl ObjStat {
+    /// How the mount shows this entry (docs/SEMANTICS.md): mode, owner and mtime from the
+    /// s3fs/rclone metadata where present, else 0644/0755, `owner` and Last-Modified. ctime
+    /// is Last-Modified's second with a digest of the ETag as its nanoseconds, so that the
+    /// cache's identity check (size, mtime, ctime) sees a new object written within the
+    /// same second.
+    pub fn posix(&self, key: &str, owner: (u32, u32)) -> crate::source::Stat {
+        let (ty, perm, nlink) = match self.kind {
+            ObjKind::File => (libc::S_IFREG, self.meta.mode.unwrap_or(0o644), 1),
+            ObjKind::Dir => (libc::S_IFDIR, self.meta.mode.unwrap_or(0o755), 2),
+        };
+        let mtime = split_time(self.mtime);
+        let ctime = match self.kind {
+            ObjKind::File => {
+                let (secs, _) = split_time(self.last_modified);
+                (secs, (self.identity().etag_hash % 1_000_000_000) as u32)
+            }
+            ObjKind::Dir => mtime,
+        };
+        crate::source::Stat {
+            dev: OBJECT_DEV,
+            ino: ino_of(key, self.kind),
+            mode: ty | (perm & 0o7777),
+            nlink,
+            uid: self.meta.uid.unwrap_or(owner.0),
+            gid: self.meta.gid.unwrap_or(owner.1),
+            rdev: 0,
+            size: self.size,
+            blocks: self.size.div_ceil(512),
+            blksize: 1 << 20,
+            atime: mtime,
+            mtime,
+            ctime,
+        }
+    }
+}
+
 fn chrono_time(secs: i64, nanos: u32) -> SystemTime {
     if secs >= 0 {
         UNIX_EPOCH + Duration::new(secs as u64, nanos)
@@ -795,6 +847,21 @@ impl ObjectSource {
     }
 
     // ---- reads ----
+
+    /// That the bucket exists and may be listed (at start): the first key under the
+    /// prefix, if any. A missing bucket is `ENOENT`, a refused one `EACCES`.
+    pub fn check_root(&self) -> io::Result<()> {
+        let prefix = (!self.prefix.is_empty())
+            .then(|| Self::obj_path(&self.prefix))
+            .transpose()?;
+        self.block(async {
+            let mut s = self.store.list(prefix.as_ref());
+            match s.next().await {
+                Some(Err(e)) => Err(store_err(e, "list", &self.prefix)),
+                _ => Ok(()),
+            }
+        })
+    }
 
     /// A reachability check for the health probe: a HEAD of a key that need not exist.
     pub fn probe(&self) -> io::Result<()> {

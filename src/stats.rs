@@ -67,6 +67,8 @@ counters! {
     bytes_from_cache: "bytes returned by the daemon from cache files",
     bytes_from_source: "bytes read from the source (fetches and uncached reads)",
     bytes_written: "bytes written through to the source",
+    uploads: "files uploaded whole to an object-store source (on close, fsync or truncation)",
+    bytes_uploaded: "bytes uploaded to an object-store source",
     chunks_fetched: "chunks fetched from the source into the cache",
     stale_invalidations: "cached files dropped because the source changed",
     corrupt_records: "cache records found torn or corrupt and discarded",

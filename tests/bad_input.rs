@@ -40,9 +40,9 @@ fn invalid_invocations_get_clear_messages() {
     let cases: Vec<(Vec<OsString>, i32, &str)> = vec![
         (vec![p("nope").into(), p("mnt").into()], 1, "source"),
         (
-            vec![o("s3://bucket/prefix"), p("mnt").into()],
+            vec![o("gs://bucket/prefix"), p("mnt").into()],
             1,
-            "object-store sources are not supported yet",
+            "the only object-store sources are s3://BUCKET[/PREFIX]",
         ),
         (
             vec![p("file").into(), p("mnt").into()],

@@ -38,7 +38,21 @@ fn renumbers_inodes(fs_type: i64) -> bool {
     )
 }
 
+/// The `fs_type` recorded for an object-store source (no `statfs` type exists): "S3S3".
+pub const OBJECT_STORE_TYPE: i64 = 0x5333_5333;
+
 impl SourceInfo {
+    /// An object-store source whose root (the bucket or prefix) stats as `root`.
+    pub fn object(root: &crate::source::Stat) -> SourceInfo {
+        SourceInfo {
+            fs_type: OBJECT_STORE_TYPE,
+            remote: true,
+            stable_ino: true,
+            root_dev: root.dev,
+            root_ino: root.ino,
+        }
+    }
+
     /// The source whose root directory is open as `root`.
     pub fn of(root: BorrowedFd<'_>) -> io::Result<SourceInfo> {
         let fs_type = rustix::fs::fstatfs(root)?.f_type;

@@ -202,10 +202,9 @@ impl CachingFs {
             return;
         }
         if state.fetch_src.is_none() {
-            state.fetch_src = inode.path().and_then(|p| {
-                self.fetcher
-                    .open_source(|| self.source.open_file(&p, libc::O_RDONLY))
-            });
+            state.fetch_src = inode
+                .path()
+                .and_then(|p| self.fetcher.open_source(|| self.source.open_reader(&p)));
         }
         self.fetch_all(state);
     }

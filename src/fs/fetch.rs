@@ -86,10 +86,10 @@ impl CachingFs {
         let (first, last) = (offset / cs, (end - 1) / cs);
         // The fetch descriptor is closed once a file is complete; a reset since needs it.
         if state.fetch_src.is_none() && (first..=last).any(|c| !state.record.is_present(c)) {
-            state.fetch_src = h.inode.path().and_then(|p| {
-                self.fetcher
-                    .open_source(|| self.source.open_file(&p, libc::O_RDONLY))
-            });
+            state.fetch_src = h
+                .inode
+                .path()
+                .and_then(|p| self.fetcher.open_source(|| self.source.open_reader(&p)));
         }
         let chunk_len = |c: u64| cs.min(file_size - c * cs);
         let mut flights = ff.flights.lock().unwrap();
@@ -259,29 +259,26 @@ impl CachingFs {
     /// The uncached path: straight from the source.
     fn read_source(&self, h: &Handle, offset: u64, size: u32) -> Result<Vec<u8>> {
         Stats::add(&self.stats.cache.read_misses, 1);
-        let fetch_src;
-        let src = match h.source.as_ref() {
-            Some(s) => s,
+        // Guarded: a hung source times out and the mount goes offline (`health.rs`).
+        let buf = match h.source.as_ref() {
+            Some(f) => self.source.with_fd(f.as_fd(), move |f| {
+                let mut buf = vec![0u8; size as usize];
+                let n = read_full(f, &mut buf, offset)?;
+                buf.truncate(n);
+                Ok(buf)
+            }),
             None => {
-                fetch_src = h
+                let fetch_src = h
                     .inode
                     .file()
                     .as_ref()
                     .and_then(|s| s.fetch_src.clone())
                     .ok_or(Errno::EIO)?;
-                &fetch_src.file
+                self.source
+                    .read_at(&fetch_src.reader, size as usize, offset)
             }
-        };
-        // Guarded: a hung source times out and the mount goes offline (`health.rs`).
-        let buf = self
-            .source
-            .with_fd(src.as_fd(), move |f| {
-                let mut buf = vec![0u8; size as usize];
-                let n = read_full(f, &mut buf, offset)?;
-                buf.truncate(n);
-                Ok(buf)
-            })
-            .map_err(errno)?;
+        }
+        .map_err(errno)?;
         Stats::add(&self.stats.cache.bytes_from_source, buf.len() as u64);
         Ok(buf)
     }
@@ -322,12 +319,7 @@ impl CachingFs {
         let r = f.piece(i);
         let len = (r.end - r.start) as usize;
         let start = r.start;
-        let got = self.source.with_fd(ctx.src.file.as_fd(), move |file| {
-            let mut buf = vec![0u8; len];
-            let n = read_full(file, &mut buf, start)?;
-            buf.truncate(n);
-            Ok(buf)
-        });
+        let got = self.source.read_at(&ctx.src.reader, len, start);
         let (buf, n) = match got {
             Ok(b) => {
                 let n = b.len();
@@ -581,7 +573,7 @@ impl CachingFs {
         }
         state.fetch_src = self
             .fetcher
-            .open_source(|| self.source.open_file(&job.path, libc::O_RDONLY));
+            .open_source(|| self.source.open_reader(&job.path));
         let Some(src) = state.fetch_src.clone() else {
             dropped();
             return self.unload_if_idle(&inode, &mut guard);

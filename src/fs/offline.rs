@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -305,15 +305,6 @@ impl CachingFs {
         let l = self.listing_for(path, Some(&own)).inspect_err(|e| {
             tracing::debug!(?path, "offline: no listing of the directory: {e:?}")
         })?;
-        let fd: OwnedFd = self
-            .cache
-            .data_dir()
-            .openat(
-                Path::new(""),
-                rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
-                0,
-            )
-            .map_err(|_| Errno::EIO)?;
         let mut entries = Vec::with_capacity(l.listing.entries.len() + 2);
         for name in [".", ".."] {
             entries.push(ListEntry {
@@ -332,7 +323,7 @@ impl CachingFs {
         Ok(DirList {
             dir_id: id,
             path: path.to_path_buf(),
-            fd,
+            fd: None,
             entries,
         })
     }

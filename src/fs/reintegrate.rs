@@ -44,7 +44,7 @@ use crate::source::{SetAttr, Stat, TimeSpec};
 /// Bytes per source call when replay copies a file (each call is under the timeout).
 const COPY_PIECE: usize = 1 << 20;
 
-fn now_ts() -> (i64, u32) {
+pub(super) fn now_ts() -> (i64, u32) {
     let d = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
@@ -234,6 +234,7 @@ impl CachingFs {
                 passthrough: None,
                 fetch: HandleFetch::default(),
                 logged: true,
+                uploads: false,
             }),
         );
         Opened {
@@ -245,7 +246,7 @@ impl CachingFs {
 
     /// Changes the cache file of an offline-written file: `f(data, size)` returns the new
     /// size. The record is marked dirty (durably) first and stays whole.
-    fn offline_modify(
+    pub(super) fn offline_modify(
         &self,
         state: &mut super::FileState,
         path: &Path,
@@ -275,7 +276,7 @@ impl CachingFs {
     }
 
     pub(super) fn offline_write(&self, h: &Handle, offset: u64, data: &[u8]) -> Result<u32> {
-        if !h.logged {
+        if !h.writes_to_cache() {
             // Opened while online: its writes would have gone to the source.
             return Err(Errno::EROFS);
         }

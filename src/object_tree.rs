@@ -1,0 +1,266 @@
+//! An object store seen as a POSIX tree: the calls `GuardedSource` makes of a source,
+//! answered over `ObjectSource` with `Stat`s and errnos (docs/SEMANTICS.md).
+//!
+//! The core caches an object store like a directory, with two differences it asks about
+//! (`GuardedSource::is_object`): there are no descriptors (a file is read by ranged GETs
+//! that name the version they expect, `SourceReader::Object`), and a file cannot be
+//! written in place, so written files are uploaded whole from the cache on close and fsync
+//! (`fs/object.rs`). Everything else maps call for call; what cannot be expressed answers
+//! a plain errno: hard links, symlinks and device nodes `EPERM`, a directory rename
+//! `EXDEV` (so `mv` copies), extended attributes `EOPNOTSUPP`.
+
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::object_source::{ObjKind, ObjMeta, ObjStat, ObjectSource};
+use crate::source::{DirEntry, SetAttr, Stat, TimeSpec};
+
+fn errno(n: i32) -> io::Error {
+    io::Error::from_raw_os_error(n)
+}
+
+/// A reader of one source file, kept while the file is not wholly cached.
+#[derive(Debug)]
+pub enum SourceReader {
+    File(std::fs::File),
+    /// The object at `rel`, as of `etag`: reads of any other version fail with `ESTALE`.
+    Object {
+        rel: PathBuf,
+        etag: Option<String>,
+    },
+}
+
+pub struct ObjectTree {
+    pub store: ObjectSource,
+    /// Owner of objects without s3fs/rclone owner metadata: the daemon's.
+    owner: (u32, u32),
+}
+
+impl ObjectTree {
+    pub fn new(store: ObjectSource) -> ObjectTree {
+        let owner = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        ObjectTree { store, owner }
+    }
+
+    pub fn default_owner(&self) -> (u32, u32) {
+        self.owner
+    }
+
+    fn key(&self, rel: &Path) -> io::Result<String> {
+        self.store.key_of(rel)
+    }
+
+    fn posix(&self, rel: &Path, st: &ObjStat) -> io::Result<Stat> {
+        Ok(st.posix(&self.key(rel)?, self.owner))
+    }
+
+    /// At start: the bucket (and prefix) can be listed.
+    pub fn check_root(&self) -> io::Result<Stat> {
+        self.store.check_root()?;
+        self.stat(Path::new(""))
+    }
+
+    pub fn stat(&self, rel: &Path) -> io::Result<Stat> {
+        let st = self.store.stat(rel)?;
+        self.posix(rel, &st)
+    }
+
+    /// The object store's own stat (with its ETag), for readers and uploads.
+    pub fn obj_stat(&self, rel: &Path) -> io::Result<ObjStat> {
+        self.store.stat(rel)
+    }
+
+    /// One HEAD per name: a listing carries no user metadata, and the attributes a
+    /// readdirplus hands out must be the ones a lookup gives.
+    pub fn stat_children(&self, dir: &Path, names: &[&OsStr]) -> Vec<io::Result<Stat>> {
+        names
+            .iter()
+            .map(|n| match n.to_str() {
+                Some(".") => self.stat(dir),
+                Some("..") => self.stat(dir.parent().unwrap_or(Path::new(""))),
+                _ => self.stat(&dir.join(n)),
+            })
+            .collect()
+    }
+
+    pub fn read_dir(&self, rel: &Path) -> io::Result<Vec<DirEntry>> {
+        let entries = self.store.list_dir(rel)?;
+        entries
+            .into_iter()
+            .map(|(name, st)| {
+                let key = self.key(&rel.join(&name))?;
+                Ok(DirEntry {
+                    ino: crate::object_source::ino_of(&key, st.kind),
+                    file_type: match st.kind {
+                        ObjKind::File => libc::S_IFREG,
+                        ObjKind::Dir => libc::S_IFDIR,
+                    },
+                    name: name.into(),
+                })
+            })
+            .collect()
+    }
+
+    pub fn open_reader(&self, rel: &Path) -> io::Result<SourceReader> {
+        let st = self.store.stat(rel)?;
+        if st.kind != ObjKind::File {
+            return Err(errno(libc::EISDIR));
+        }
+        Ok(SourceReader::Object {
+            rel: rel.to_path_buf(),
+            etag: st.etag,
+        })
+    }
+
+    pub fn mkdir(&self, rel: &Path, mode: u32, owner: (u32, u32)) -> io::Result<Stat> {
+        let meta = ObjMeta {
+            mode: Some(mode & 0o7777),
+            uid: Some(owner.0),
+            gid: Some(owner.1),
+            mtime: Some(SystemTime::now()),
+        };
+        let st = self.store.mkdir(rel, &meta)?;
+        self.posix(rel, &st)
+    }
+
+    /// S3 deletes missing keys without complaint: the stat first gives `ENOENT`/`EISDIR`.
+    pub fn unlink(&self, rel: &Path) -> io::Result<()> {
+        match self.store.stat(rel)?.kind {
+            ObjKind::Dir => Err(errno(libc::EISDIR)),
+            ObjKind::File => {
+                self.store.delete(rel)?;
+                self.keep_parent(rel)
+            }
+        }
+    }
+
+    /// A directory that is only a prefix (no `dir/` marker) vanishes with its last key;
+    /// on a file system it stays, empty, until rmdir (which `rm -r` and `mv`'s copy
+    /// fallback count on). So it gets a marker when its last entry leaves.
+    fn keep_parent(&self, rel: &Path) -> io::Result<()> {
+        let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) else {
+            return Ok(());
+        };
+        match self.store.stat(parent) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let meta = ObjMeta {
+                    mtime: Some(SystemTime::now()),
+                    ..Default::default()
+                };
+                match self.store.mkdir(parent, &meta) {
+                    Err(e) if e.raw_os_error() != Some(libc::EEXIST) => Err(e),
+                    _ => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn rmdir(&self, rel: &Path) -> io::Result<()> {
+        self.store.rmdir(rel)?;
+        self.keep_parent(rel)
+    }
+
+    /// Copy + delete of one file; `RENAME_EXCHANGE` cannot be expressed (`EINVAL`).
+    pub fn rename(&self, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        if flags & libc::RENAME_NOREPLACE != 0 {
+            match self.store.stat(to) {
+                Ok(_) => return Err(errno(libc::EEXIST)),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if from == to {
+            return self.store.stat(from).map(|_| ());
+        }
+        self.store.rename_file(from, to)?;
+        self.keep_parent(from)
+    }
+
+    /// Mode, owner and mtime as metadata (a copy of the object onto itself); atime is not
+    /// kept. Sizes are the caller's business (the cache file is uploaded).
+    pub fn set_attr(&self, rel: &Path, attr: &SetAttr) -> io::Result<Stat> {
+        let mtime = attr.mtime.map(|t| match t {
+            TimeSpec::Now => SystemTime::now(),
+            TimeSpec::At(s, ns) => {
+                if s >= 0 {
+                    SystemTime::UNIX_EPOCH + std::time::Duration::new(s as u64, ns)
+                } else {
+                    SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(s.unsigned_abs())
+                        + std::time::Duration::from_nanos(ns.into())
+                }
+            }
+        });
+        let update = ObjMeta {
+            mode: attr.mode.map(|m| m & 0o7777),
+            uid: attr.uid,
+            gid: attr.gid,
+            mtime,
+        };
+        if update == ObjMeta::default() {
+            return self.stat(rel);
+        }
+        let st = self.store.set_meta(rel, &update)?;
+        self.posix(rel, &st)
+    }
+
+    /// Uploads `file` as `rel`, keeping the object's mode and owner and setting its mtime
+    /// to `mtime`. Returns the new object's stat.
+    pub fn upload(
+        &self,
+        rel: &Path,
+        file: &std::fs::File,
+        keep: Option<&Stat>,
+        mtime: SystemTime,
+    ) -> io::Result<Stat> {
+        let meta = ObjMeta {
+            mode: keep.map(|s| s.mode & 0o7777),
+            uid: keep.map(|s| s.uid),
+            gid: keep.map(|s| s.gid),
+            mtime: Some(mtime),
+        };
+        let st = self.store.put(rel, file, &meta)?;
+        self.posix(rel, &st)
+    }
+
+    pub fn read_at(
+        &self,
+        rel: &Path,
+        etag: Option<&str>,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<Vec<u8>> {
+        Ok(self
+            .store
+            .read_range(rel, offset, len as u64, etag)?
+            .to_vec())
+    }
+
+    /// No sizes to report: a large, mostly free file system, so that `df` and writers
+    /// checking free space carry on.
+    pub fn statvfs(&self) -> libc::statvfs {
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        s.f_bsize = 1 << 20;
+        s.f_frsize = 4096;
+        s.f_blocks = 1 << 40 >> 12;
+        s.f_bfree = s.f_blocks;
+        s.f_bavail = s.f_blocks;
+        s.f_files = 1 << 32;
+        s.f_ffree = 1 << 32;
+        s.f_favail = 1 << 32;
+        s.f_namemax = 1024;
+        s
+    }
+
+    pub fn probe(&self) -> io::Result<()> {
+        self.store.probe()
+    }
+}

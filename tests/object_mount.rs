@@ -1,0 +1,373 @@
+//! Mounts of an S3 bucket (versitygw on loopback): each claim of docs/SEMANTICS.md has a
+//! test here, checked against the bucket itself through `ObjectSource`, the way another
+//! S3 client sees it.
+
+mod common;
+#[path = "common/s3.rs"]
+mod s3;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{TestMount, pattern};
+use hoardfs::object_source::{Credentials, ObjKind, ObjMeta, ObjectSource, ObjectUrl, S3Options};
+use s3::{ACCESS_KEY, SECRET_KEY, Versity};
+
+const BUCKET: &str = "hoard";
+
+/// The bucket as another S3 client sees it.
+fn client(v: &Versity) -> ObjectSource {
+    let o = S3Options {
+        endpoint: Some(v.endpoint.clone()),
+        region: Some("us-east-1".into()),
+        allow_http: true,
+        credentials: Some(Credentials {
+            access_key_id: ACCESS_KEY.into(),
+            secret_access_key: SECRET_KEY.into(),
+            session_token: None,
+        }),
+        call_timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let url = ObjectUrl::parse(&format!("s3://{BUCKET}")).unwrap();
+    ObjectSource::open_with_env(&url, o, &|_| None, false).unwrap()
+}
+
+fn put(c: &ObjectSource, rel: &str, data: &[u8]) {
+    let mut f = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut f, data).unwrap();
+    c.put(Path::new(rel), &f, &ObjMeta::default()).unwrap();
+}
+
+fn get(c: &ObjectSource, rel: &str) -> Vec<u8> {
+    let st = c.stat(Path::new(rel)).unwrap();
+    c.read_range(Path::new(rel), 0, st.size, None)
+        .unwrap()
+        .to_vec()
+}
+
+fn unmounted(v: &Versity, url: &str, args: &[&str]) -> TestMount {
+    let mut m = TestMount::unmounted_at("mnt", args);
+    m.src = PathBuf::from(url);
+    m.extra_args
+        .extend(["--s3-endpoint".to_string(), v.endpoint.clone()]);
+    m.env.extend([
+        ("AWS_ACCESS_KEY_ID".to_string(), ACCESS_KEY.to_string()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), SECRET_KEY.to_string()),
+        ("AWS_REGION".to_string(), "us-east-1".to_string()),
+        // No profile files of the machine's user.
+        ("AWS_CONFIG_FILE".to_string(), "/nonexistent".to_string()),
+        (
+            "AWS_SHARED_CREDENTIALS_FILE".to_string(),
+            "/nonexistent".to_string(),
+        ),
+    ]);
+    m
+}
+
+fn mount(v: &Versity, args: &[&str]) -> TestMount {
+    let mut m = unmounted(v, &format!("s3://{BUCKET}"), args);
+    m.mount();
+    m
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn reads_cold_then_warm_from_the_cache_alone() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    let big = pattern(20 << 20, 1);
+    put(&c, "data/big.bin", &big);
+    for i in 0..20 {
+        put(
+            &c,
+            &format!("data/small/{i:02}.txt"),
+            format!("file {i}\n").as_bytes(),
+        );
+    }
+    let mut m = mount(&v, &[]);
+    // Listing from prefixes, the cold read by ranged GETs.
+    let mut names: Vec<String> = std::fs::read_dir(m.m("data/small"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 20);
+    assert!(std::fs::metadata(m.m("data")).unwrap().is_dir());
+    assert_eq!(std::fs::read(m.m("data/big.bin")).unwrap(), big);
+    for i in 0..20 {
+        let got = std::fs::read(m.m(&format!("data/small/{i:02}.txt"))).unwrap();
+        assert_eq!(got, format!("file {i}\n").as_bytes());
+    }
+    let cold = m.stats().cache;
+    assert!(cold.bytes_from_source >= big.len() as u64, "{cold:?}");
+
+    // Warm after a remount: validated by HEAD, served by passthrough, no GET.
+    m.remount();
+    assert_eq!(std::fs::read(m.m("data/big.bin")).unwrap(), big);
+    for i in 0..20 {
+        std::fs::read(m.m(&format!("data/small/{i:02}.txt"))).unwrap();
+    }
+    let warm = m.stats().cache;
+    assert_eq!(warm.bytes_from_source, 0, "{warm:?}");
+    assert_eq!(warm.open_hits, 21, "{warm:?}");
+    assert!(warm.passthrough_opens >= 21, "{warm:?}");
+}
+
+#[test]
+fn writes_reach_the_bucket_on_close_with_their_metadata() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "old.txt", b"0123456789");
+    let m = mount(&v, &[]);
+
+    // Create: the object exists at once, its content on close.
+    std::fs::write(m.m("new.txt"), b"hello").unwrap();
+    assert_eq!(get(&c, "new.txt"), b"hello");
+    let st = c.stat(Path::new("new.txt")).unwrap();
+    assert_eq!(st.meta.mode, Some(0o644), "{st:?}");
+    assert_eq!(st.meta.uid, Some(rustix::process::geteuid().as_raw()));
+
+    // A partial overwrite of an existing object: read, modify, upload.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.m("old.txt"))
+            .unwrap();
+        f.write_all_at(b"ab", 4).unwrap();
+        // fsync uploads too.
+        f.sync_all().unwrap();
+        assert_eq!(get(&c, "old.txt"), b"0123ab6789");
+        f.write_all_at(b"XYZ", 10).unwrap();
+        // Until close the mount shows the written size, the store the older object.
+        assert_eq!(std::fs::metadata(m.m("old.txt")).unwrap().len(), 13);
+    }
+    assert_eq!(get(&c, "old.txt"), b"0123ab6789XYZ");
+    assert_eq!(std::fs::read(m.m("old.txt")).unwrap(), b"0123ab6789XYZ");
+
+    // Truncation, mode and mtime.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.m("old.txt"))
+        .unwrap();
+    f.set_len(4).unwrap();
+    drop(f);
+    assert_eq!(get(&c, "old.txt"), b"0123");
+    std::fs::set_permissions(m.m("old.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let t = UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(m.m("old.txt"))
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    let st = c.stat(Path::new("old.txt")).unwrap();
+    assert_eq!(st.meta.mode, Some(0o600), "{st:?}");
+    assert_eq!(st.mtime, t, "{st:?}");
+    let md = std::fs::metadata(m.m("old.txt")).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o600);
+    assert_eq!(md.mtime(), 1_600_000_000);
+    assert_eq!(
+        get(&c, "old.txt"),
+        b"0123",
+        "content kept by metadata changes"
+    );
+
+    // Rename of a file is copy + delete; unlink deletes.
+    std::fs::rename(m.m("old.txt"), m.m("moved.txt")).unwrap();
+    assert_eq!(get(&c, "moved.txt"), b"0123");
+    assert_eq!(
+        c.stat(Path::new("old.txt")).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    std::fs::remove_file(m.m("moved.txt")).unwrap();
+    assert!(c.stat(Path::new("moved.txt")).is_err());
+
+    // Directories are `dir/` markers; a large file goes up in parts.
+    std::fs::create_dir(m.m("d")).unwrap();
+    assert_eq!(c.stat(Path::new("d")).unwrap().kind, ObjKind::Dir);
+    let big = pattern(40 << 20, 7);
+    std::fs::write(m.m("d/big.bin"), &big).unwrap();
+    assert!(get(&c, "d/big.bin") == big, "multipart upload differs");
+    std::fs::remove_file(m.m("d/big.bin")).unwrap();
+    std::fs::remove_dir(m.m("d")).unwrap();
+    assert!(c.stat(Path::new("d")).is_err());
+    let s = m.stats().cache;
+    assert!(
+        s.uploads >= 5 && s.bytes_uploaded >= big.len() as u64,
+        "{s:?}"
+    );
+}
+
+#[test]
+fn an_emptied_prefix_directory_stays_until_rmdir() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "p/only.txt", b"x");
+    put(&c, "q/a.txt", b"a");
+    put(&c, "q/sub/b.txt", b"b");
+    let m = mount(&v, &[]);
+    std::fs::remove_file(m.m("p/only.txt")).unwrap();
+    assert!(std::fs::metadata(m.m("p")).unwrap().is_dir());
+    assert_eq!(c.stat(Path::new("p")).unwrap().kind, ObjKind::Dir);
+    std::fs::remove_dir(m.m("p")).unwrap();
+    assert!(c.stat(Path::new("p")).is_err());
+
+    // A directory rename answers EXDEV, and mv copies the tree instead.
+    let e = std::fs::rename(m.m("q"), m.m("r")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV));
+    let st = std::process::Command::new("mv")
+        .arg(m.m("q"))
+        .arg(m.m("r"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(get(&c, "r/a.txt"), b"a");
+    assert_eq!(get(&c, "r/sub/b.txt"), b"b");
+    assert!(c.stat(Path::new("q")).is_err());
+}
+
+#[test]
+fn what_an_object_store_cannot_do_answers_a_clear_errno() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "f.txt", b"f");
+    let m = mount(&v, &[]);
+    let errno = |r: std::io::Result<()>| r.unwrap_err().raw_os_error();
+    assert_eq!(
+        errno(std::fs::hard_link(m.m("f.txt"), m.m("g.txt"))),
+        Some(libc::EPERM)
+    );
+    assert_eq!(
+        errno(std::os::unix::fs::symlink("f.txt", m.m("l"))),
+        Some(libc::EPERM)
+    );
+    let out = std::process::Command::new("setfattr")
+        .args(["-n", "user.x", "-v", "1"])
+        .arg(m.m("f.txt"))
+        .output();
+    if let Ok(out) = out {
+        assert!(!out.status.success());
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("not supported"), "{text}");
+    }
+    // Locks are the kernel's, local to this machine.
+    let f = std::fs::File::open(m.m("f.txt")).unwrap();
+    f.lock().unwrap();
+    f.unlock().unwrap();
+}
+
+#[test]
+fn a_file_closed_through_one_mount_is_read_by_another_on_its_next_open() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "shared.txt", b"version one");
+    let a = mount(&v, &[]);
+    let b = mount(&v, &[]);
+    assert_eq!(std::fs::read(b.m("shared.txt")).unwrap(), b"version one");
+    std::fs::write(a.m("shared.txt"), b"version two, longer").unwrap();
+    assert_eq!(
+        std::fs::read(b.m("shared.txt")).unwrap(),
+        b"version two, longer"
+    );
+    // The same size within the same second: the ETag tells them apart.
+    std::fs::write(a.m("shared.txt"), b"version 3!!, longer").unwrap();
+    assert_eq!(
+        std::fs::read(b.m("shared.txt")).unwrap(),
+        b"version 3!!, longer"
+    );
+    std::fs::write(a.m("fresh.txt"), b"new").unwrap();
+    wait_for("the new name in the other mount", || {
+        std::fs::read(b.m("fresh.txt")).is_ok_and(|d| d == b"new")
+    });
+}
+
+#[test]
+fn a_stopped_server_leaves_the_cache_readable_and_the_mount_comes_back() {
+    let mut v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "dir/cached.txt", b"cached");
+    put(&c, "dir/uncached.txt", b"never read");
+    let m = mount(&v, &[]);
+    assert_eq!(std::fs::read(m.m("dir/cached.txt")).unwrap(), b"cached");
+    drop(c);
+    v.stop();
+    wait_for("offline", || {
+        // Any request that reaches the dead server takes the mount offline.
+        let _ = std::fs::read(m.m("dir/uncached.txt"));
+        !m.stats().health.online
+    });
+    assert_eq!(std::fs::read(m.m("dir/cached.txt")).unwrap(), b"cached");
+    let e = std::fs::read(m.m("dir/uncached.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    let mut names: Vec<_> = std::fs::read_dir(m.m("dir"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["cached.txt", "uncached.txt"]);
+    assert_eq!(
+        std::fs::write(m.m("dir/x"), b"x")
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EROFS)
+    );
+    v.restart();
+    wait_for("online again", || m.stats().health.online);
+    assert_eq!(
+        std::fs::read(m.m("dir/uncached.txt")).unwrap(),
+        b"never read"
+    );
+    let _ = SystemTime::now();
+}
+
+#[test]
+fn a_bucket_prefix_is_a_tree_of_its_own() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "team/a/x.txt", b"x");
+    put(&c, "other/y.txt", b"y");
+    let mut m = unmounted(&v, &format!("s3://{BUCKET}/team"), &[]);
+    m.mount();
+    assert_eq!(std::fs::read(m.m("a/x.txt")).unwrap(), b"x");
+    assert!(!m.m("other").exists());
+    std::fs::write(m.m("b.txt"), b"b").unwrap();
+    assert_eq!(get(&c, "team/b.txt"), b"b");
+}
+
+#[test]
+fn bad_object_store_options_get_clear_errors() {
+    let v = Versity::start(&[BUCKET]);
+    let run = |url: &str, extra: &[&str]| {
+        let m = unmounted(&v, url, extra);
+        let out = std::process::Command::new(common::BIN)
+            .arg(&m.src)
+            .arg(&m.mnt)
+            .arg("--cache-dir")
+            .arg(&m.cache)
+            .arg("-f")
+            .args(&m.extra_args)
+            .envs(m.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run("s3://", &[]);
+    assert!(e.contains("no bucket name"), "{e}");
+    let e = run("gs://bucket", &[]);
+    assert!(e.contains("s3://BUCKET"), "{e}");
+    let e = run(&format!("s3://{BUCKET}"), &["--offline-writes", "log"]);
+    assert!(e.contains("not available for object-store sources"), "{e}");
+    let e = run("s3://no-such-bucket", &[]);
+    assert!(e.contains("cannot use the source"), "{e}");
+}
