@@ -1474,6 +1474,44 @@ fn parse_http_date(s: &str) -> Option<SystemTime> {
 mod tests {
     use super::*;
 
+    fn file_stat(etag: &str, meta: ObjMeta) -> ObjStat {
+        let lm = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        ObjStat {
+            kind: ObjKind::File,
+            size: 10,
+            mtime: meta.mtime.unwrap_or(lm),
+            last_modified: lm,
+            etag: Some(etag.into()),
+            meta,
+            meta_known: true,
+        }
+    }
+
+    #[test]
+    fn posix_view_of_objects() {
+        let plain = file_stat("\"a\"", ObjMeta::default()).posix("k/f", (7, 8));
+        assert_eq!(plain.mode, libc::S_IFREG | 0o644);
+        assert_eq!((plain.uid, plain.gid), (7, 8));
+        assert_eq!(plain.mtime, (1_700_000_000, 0));
+        // Same size and second, another ETag: another identity.
+        let other = file_stat("\"b\"", ObjMeta::default()).posix("k/f", (7, 8));
+        assert_eq!(plain.ctime.0, other.ctime.0);
+        assert_ne!(plain.ctime, other.ctime);
+        assert_eq!(plain.ino, other.ino, "the key, not the content, numbers it");
+        let meta = ObjMeta {
+            mode: Some(0o600),
+            uid: Some(1),
+            gid: Some(2),
+            mtime: Some(UNIX_EPOCH + Duration::new(5, 6)),
+        };
+        let with = file_stat("\"a\"", meta).posix("k/f", (7, 8));
+        assert_eq!(with.mode, libc::S_IFREG | 0o600);
+        assert_eq!((with.uid, with.gid, with.mtime), (1, 2, (5, 6)));
+        let dir = ObjStat::dir(ObjMeta::default(), UNIX_EPOCH, false).posix("k/f", (0, 0));
+        assert_eq!(dir.mode, libc::S_IFDIR | 0o755);
+        assert_ne!(dir.ino, plain.ino, "a file and a directory of one name differ");
+    }
+
     fn err(kind: HttpErrorKind) -> object_store::Error {
         object_store::Error::Generic {
             store: "S3",

@@ -371,3 +371,79 @@ fn bad_object_store_options_get_clear_errors() {
     let e = run("s3://no-such-bucket", &[]);
     assert!(e.contains("cannot use the source"), "{e}");
 }
+
+/// By hand (`cargo test --release --test object_mount -- --ignored --nocapture`): a cold
+/// read of a large object through the mount against the same client downloading it by
+/// ranged GETs (8 MiB, 4 at a time), and the warm read after a remount. Prints; asserts
+/// only correctness (times belong to the benchmarks).
+#[test]
+#[ignore]
+fn measure_cold_read_against_ranged_gets() {
+    let size: usize = std::env::var("HOARDFS_MEASURE_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
+        << 20;
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    {
+        let mut f = tempfile::tempfile().unwrap();
+        let piece = pattern(1 << 20, 3);
+        for _ in 0..size >> 20 {
+            std::io::Write::write_all(&mut f, &piece).unwrap();
+        }
+        c.put(Path::new("big.bin"), &f, &ObjMeta::default())
+            .unwrap();
+    }
+    let t = Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let off = (i as u64) << 23;
+                    if off >= size as u64 {
+                        return;
+                    }
+                    let b = c
+                        .read_range(Path::new("big.bin"), off, 8 << 20, None)
+                        .unwrap();
+                    assert!(!b.is_empty());
+                }
+            });
+        }
+    });
+    let direct = t.elapsed();
+    let mut m = mount(&v, &[]);
+    let read_all = |p: &Path| {
+        let mut f = std::fs::File::open(p).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0;
+        loop {
+            let k = std::io::Read::read(&mut f, &mut buf).unwrap();
+            if k == 0 {
+                return n;
+            }
+            n += k;
+        }
+    };
+    let t = Instant::now();
+    assert_eq!(read_all(&m.m("big.bin")), size);
+    let cold = t.elapsed();
+    m.remount();
+    let t = Instant::now();
+    assert_eq!(read_all(&m.m("big.bin")), size);
+    let warm = t.elapsed();
+    let s = m.stats().cache;
+    let mib = (size >> 20) as f64;
+    println!(
+        "{mib} MiB: ranged GETs {:.0} MiB/s, mount cold {:.0} MiB/s ({:.2} of direct), warm {:.0} MiB/s; warm bytes_from_source {}",
+        mib / direct.as_secs_f64(),
+        mib / cold.as_secs_f64(),
+        direct.as_secs_f64() / cold.as_secs_f64(),
+        mib / warm.as_secs_f64(),
+        s.bytes_from_source
+    );
+    assert_eq!(s.bytes_from_source, 0);
+}
