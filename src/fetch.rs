@@ -104,6 +104,8 @@ pub struct Flight {
     /// The cache's usage estimate and the bytes reserved in it not yet written; what is
     /// left when the flight is dropped is given back.
     usage: Option<(Arc<Usage>, AtomicU64)>,
+    /// Bytes per piece (`PIECE`, or a whole chunk: `with_piece`).
+    piece: u64,
 }
 
 impl Drop for Flight {
@@ -141,7 +143,17 @@ impl Flight {
             }),
             cv: Condvar::new(),
             usage: None,
+            piece: PIECE,
         }
+    }
+
+    /// Pieces of `piece` bytes instead of `PIECE`: an object store pays a request per
+    /// piece, so there a piece is the whole chunk.
+    pub fn with_piece(mut self, piece: u64) -> Flight {
+        self.piece = piece.max(1);
+        let n = self.len.div_ceil(self.piece).max(1) as usize;
+        self.st.get_mut().unwrap().pieces = vec![Piece::Todo; n];
+        self
     }
 
     /// Reserves the chunk's bytes in the cache's usage estimate (`Usage::reserve`).
@@ -160,13 +172,13 @@ impl Flight {
     }
 
     pub fn npieces(&self) -> usize {
-        self.len.div_ceil(PIECE).max(1) as usize
+        self.len.div_ceil(self.piece).max(1) as usize
     }
 
     /// Byte range (in the file) of piece `i`.
     pub fn piece(&self, i: usize) -> Range<u64> {
-        let a = self.off + i as u64 * PIECE;
-        a..(a + PIECE).min(self.off + self.len)
+        let a = self.off + i as u64 * self.piece;
+        a..(a + self.piece).min(self.off + self.len)
     }
 
     /// The pieces covering file bytes `a..b` (clipped to the chunk).
@@ -176,7 +188,7 @@ impl Flight {
         if b <= a {
             return 0..0;
         }
-        (a / PIECE) as usize..b.div_ceil(PIECE) as usize
+        (a / self.piece) as usize..b.div_ceil(self.piece) as usize
     }
 
     /// Claims the first unclaimed piece of `range`, or, with `wait`, waits until the range

@@ -1509,7 +1509,10 @@ mod tests {
         assert_eq!((with.uid, with.gid, with.mtime), (1, 2, (5, 6)));
         let dir = ObjStat::dir(ObjMeta::default(), UNIX_EPOCH, false).posix("k/f", (0, 0));
         assert_eq!(dir.mode, libc::S_IFDIR | 0o755);
-        assert_ne!(dir.ino, plain.ino, "a file and a directory of one name differ");
+        assert_ne!(
+            dir.ino, plain.ino,
+            "a file and a directory of one name differ"
+        );
     }
 
     fn err(kind: HttpErrorKind) -> object_store::Error {

@@ -117,7 +117,9 @@ impl CachingFs {
                 startable = false;
                 break;
             }
-            let f = Flight::new(c, epoch, c * cs, chunk_len(c), false).reserving(&self.usage);
+            let f = Flight::new(c, epoch, c * cs, chunk_len(c), false)
+                .with_piece(self.piece_size(cs))
+                .reserving(&self.usage);
             let f = Arc::new(f);
             flights.insert(c, f.clone());
             need.push((f, true));
@@ -146,7 +148,9 @@ impl CachingFs {
                 if !self.usage.may_grow(chunk_len(c)) {
                     break;
                 }
-                let f = Flight::new(c, epoch, c * cs, chunk_len(c), true).reserving(&self.usage);
+                let f = Flight::new(c, epoch, c * cs, chunk_len(c), true)
+                    .with_piece(self.piece_size(cs))
+                    .reserving(&self.usage);
                 let f = Arc::new(f);
                 flights.insert(c, f.clone());
                 let job = Job {
@@ -257,6 +261,16 @@ impl CachingFs {
     }
 
     /// The uncached path: straight from the source.
+    /// Bytes fetched per source read: `PIECE`, or the whole chunk on an object store
+    /// (one GET each).
+    fn piece_size(&self, chunk_size: u64) -> u64 {
+        if self.source.is_object() {
+            chunk_size
+        } else {
+            crate::fetch::PIECE
+        }
+    }
+
     fn read_source(&self, h: &Handle, offset: u64, size: u32) -> Result<Vec<u8>> {
         Stats::add(&self.stats.cache.read_misses, 1);
         // Guarded: a hung source times out and the mount goes offline (`health.rs`).
@@ -438,7 +452,11 @@ impl CachingFs {
             if !self.usage.may_grow(len) {
                 break;
             }
-            let f = Arc::new(Flight::new(c, epoch, c * cs, len, false).reserving(&self.usage));
+            let f = Arc::new(
+                Flight::new(c, epoch, c * cs, len, false)
+                    .with_piece(self.piece_size(cs))
+                    .reserving(&self.usage),
+            );
             flights.insert(c, f.clone());
             all.push(f.clone());
             started = true;
@@ -590,8 +608,11 @@ impl CachingFs {
                     continue;
                 }
                 let len = cs.min(size - ch * cs);
-                let f =
-                    Arc::new(Flight::new(ch, epoch, ch * cs, len, false).reserving(&self.usage));
+                let f = Arc::new(
+                    Flight::new(ch, epoch, ch * cs, len, false)
+                        .with_piece(self.piece_size(cs))
+                        .reserving(&self.usage),
+                );
                 flights.insert(ch, f.clone());
                 all.push(f);
             }
