@@ -1465,11 +1465,7 @@ impl CachingFs {
             }
             state.daemon_opens += 1;
             drop(guard);
-            return Ok(Opened {
-                fh: self.upload_handle(&inode),
-                flags: FopenFlags::empty(),
-                backing: None,
-            });
+            return Ok(self.cache_write_handle(&inode, false));
         }
 
         if !state.complete() && state.fetch_src.is_none() {

@@ -56,8 +56,9 @@ impl CachingFs {
         Ok(())
     }
 
-    /// A handle whose writes go to the cache file and are uploaded on close.
-    pub(super) fn upload_handle(&self, inode: &Arc<Inode>) -> u64 {
+    /// A handle whose writes go to the cache file: logged offline (`logged`), else
+    /// uploaded on close. Shared with `reintegrate::logged_handle`.
+    pub(super) fn cache_write_handle(&self, inode: &Arc<Inode>, logged: bool) -> Opened {
         let fh = self.new_fh();
         self.handles.lock().unwrap().insert(
             fh,
@@ -67,11 +68,15 @@ impl CachingFs {
                 writable: true,
                 passthrough: None,
                 fetch: HandleFetch::default(),
-                logged: false,
-                uploads: true,
+                logged,
+                uploads: !logged,
             }),
         );
-        fh
+        Opened {
+            fh,
+            flags: FopenFlags::empty(),
+            backing: None,
+        }
     }
 
     /// Uploads a file written through the mount, if it was, and makes the cache record
@@ -156,14 +161,9 @@ impl CachingFs {
                 self.loaded.lock().unwrap().insert(inode.id, inode.clone());
             }
         }
-        let fh = self.upload_handle(&inode);
         Ok((
             attr_of(inode.id, &st),
-            Opened {
-                fh,
-                flags: FopenFlags::empty(),
-                backing: None,
-            },
+            self.cache_write_handle(&inode, false),
         ))
     }
 
@@ -190,11 +190,7 @@ impl CachingFs {
         }
         state.daemon_opens += 1;
         drop(guard);
-        Ok(Opened {
-            fh: self.upload_handle(inode),
-            flags: FopenFlags::empty(),
-            backing: None,
-        })
+        Ok(self.cache_write_handle(inode, false))
     }
 
     /// The owner of a new object: the caller, with the directory's group where the

@@ -30,13 +30,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
-use fuser::{Errno, FileAttr, FopenFlags};
+use fuser::{Errno, FileAttr};
 
 use super::{CachingFs, Handle, Opened, Result, attr_of, child};
 use crate::cache::listing::{DirListing, ListedEntry};
 use crate::cache::store::write_record;
 use crate::config::OfflineWrites;
-use crate::fetch::{FileFetch, HandleFetch};
+use crate::fetch::FileFetch;
 use crate::inode::Inode;
 use crate::oplog::{Base, Entry, Ident, Op, OpLog, Produced, bytes};
 use crate::source::{SetAttr, Stat, TimeSpec};
@@ -224,24 +224,7 @@ impl CachingFs {
 
     fn logged_handle(&self, inode: &Arc<Inode>) -> Opened {
         self.offline_writers.fetch_add(1, Relaxed);
-        let fh = self.new_fh();
-        self.handles.lock().unwrap().insert(
-            fh,
-            Arc::new(Handle {
-                inode: inode.clone(),
-                source: None,
-                writable: true,
-                passthrough: None,
-                fetch: HandleFetch::default(),
-                logged: true,
-                uploads: false,
-            }),
-        );
-        Opened {
-            fh,
-            flags: FopenFlags::empty(),
-            backing: None,
-        }
+        self.cache_write_handle(inode, true)
     }
 
     /// Changes the cache file of an offline-written file: `f(data, size)` returns the new
