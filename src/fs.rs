@@ -1469,7 +1469,9 @@ impl CachingFs {
         }
 
         if !state.complete() && state.fetch_src.is_none() {
-            state.fetch_src = self.fetcher.open_source(|| self.source.open_reader(&path));
+            state.fetch_src = self
+                .fetcher
+                .open_source(|| self.source.open_reader(&path, &state.record.identity));
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::SourceIdentity;
 use crate::cache::source_info::SourceInfo;
 use crate::object_tree::{ObjectTree, SourceReader};
 use crate::source::{BeneathRoot, Stat};
@@ -308,6 +309,12 @@ impl GuardedSource {
         self.object.is_some()
     }
 
+    /// Whether the source is reached over a network or FUSE (object stores too): calls
+    /// mostly wait for round trips.
+    pub fn is_remote(&self) -> bool {
+        self.remote
+    }
+
     /// Like `call`, on an object-store source.
     fn call_obj<T: Send + 'static>(
         &self,
@@ -514,11 +521,13 @@ impl GuardedSource {
         self.call(move |r| r.stat(&rel))
     }
 
-    /// A reader of the file at `rel` for fetching (`fetch::SourceFd`).
-    pub fn open_reader(&self, rel: &Path) -> io::Result<SourceReader> {
+    /// A reader of the file at `rel` for fetching (`fetch::SourceFd`). On an object store
+    /// it reads only the version `expect` describes (the cache record's).
+    pub fn open_reader(&self, rel: &Path, expect: &SourceIdentity) -> io::Result<SourceReader> {
         let rel = rel.to_path_buf();
         if self.is_object() {
-            return self.call_obj(move |o| o.open_reader(&rel));
+            let (size, ctime) = (expect.size, expect.ctime);
+            return self.call_obj(move |o| o.open_reader(&rel, size, ctime));
         }
         self.call(move |r| r.open_file(&rel, libc::O_RDONLY))
             .map(SourceReader::File)
@@ -541,6 +550,22 @@ impl GuardedSource {
                 self.call_obj(move |o| o.read_at(&rel, etag.as_deref(), len, offset))
             }
         }
+    }
+
+    /// Up to `len` bytes at `offset` of an object reader's object, handed to `sink(offset,
+    /// bytes)` as they arrive (`ObjectSource::read_range_into`); returns how many.
+    pub fn read_object_into(
+        &self,
+        reader: &SourceReader,
+        len: usize,
+        offset: u64,
+        mut sink: impl FnMut(u64, &[u8]) -> io::Result<()> + Send + 'static,
+    ) -> io::Result<u64> {
+        let SourceReader::Object { rel, etag } = reader else {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        let (rel, etag) = (rel.clone(), etag.clone());
+        self.call_obj(move |o| o.read_into(&rel, etag.as_deref(), len, offset, &mut sink))
     }
 
     /// Creates the directory `rel` on an object store, owned by `owner`.

@@ -997,38 +997,79 @@ impl ObjectSource {
         len: u64,
         expected_etag: Option<&str>,
     ) -> io::Result<Bytes> {
-        if len == 0 {
-            return Ok(Bytes::new());
-        }
         let key = self.key_of(rel)?;
-        let path = Self::obj_path(&key)?;
         self.block(async {
-            let opts = GetOptions {
-                if_match: expected_etag.map(str::to_string),
-                range: Some(GetRange::Bounded(offset..offset.saturating_add(len))),
-                ..Default::default()
-            };
-            let r = match self.store.get_opts(&path, opts).await {
-                Ok(r) => r,
-                Err(e) => {
-                    // 416: the range starts at or past the end (object_store may also say
-                    // so itself): a read at EOF.
-                    let text = e.to_string();
-                    if matches!(&e, object_store::Error::Generic { .. })
-                        && (text.contains("status code: 416") || text.contains("InvalidRange"))
-                    {
-                        return Ok(Bytes::new());
-                    }
-                    return Err(store_err(e, "get", &key));
-                }
-            };
-            if let (Some(want), Some(got)) = (expected_etag, r.meta.e_tag.as_deref())
-                && want != got
-            {
-                return Err(errno(libc::ESTALE));
+            match self.get_range(&key, offset, len, expected_etag).await? {
+                None => Ok(Bytes::new()),
+                Some(r) => r.bytes().await.map_err(|e| store_err(e, "get body", &key)),
             }
-            r.bytes().await.map_err(|e| store_err(e, "get body", &key))
         })
+    }
+
+    /// Like `read_range`, but the body goes to `sink(offset, bytes)` piece by piece as it
+    /// arrives: no buffer of the whole range and no copy into one. Returns the bytes
+    /// delivered; a sink's error ends the read with that error.
+    pub fn read_range_into(
+        &self,
+        rel: &FsPath,
+        offset: u64,
+        len: u64,
+        expected_etag: Option<&str>,
+        sink: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        let key = self.key_of(rel)?;
+        self.block(async {
+            let Some(r) = self.get_range(&key, offset, len, expected_etag).await? else {
+                return Ok(0);
+            };
+            let mut body = r.into_stream();
+            let mut at = offset;
+            while let Some(piece) = body.next().await {
+                let piece = piece.map_err(|e| store_err(e, "get body", &key))?;
+                sink(at, &piece)?;
+                at += piece.len() as u64;
+            }
+            Ok(at - offset)
+        })
+    }
+
+    /// The GET of a range: `None` when it starts at or past the end of the object.
+    async fn get_range(
+        &self,
+        key: &str,
+        offset: u64,
+        len: u64,
+        expected_etag: Option<&str>,
+    ) -> io::Result<Option<object_store::GetResult>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let path = Self::obj_path(key)?;
+        let opts = GetOptions {
+            if_match: expected_etag.map(str::to_string),
+            range: Some(GetRange::Bounded(offset..offset.saturating_add(len))),
+            ..Default::default()
+        };
+        let r = match self.store.get_opts(&path, opts).await {
+            Ok(r) => r,
+            Err(e) => {
+                // 416: the range starts at or past the end (object_store may also say so
+                // itself): a read at EOF.
+                let text = e.to_string();
+                if matches!(&e, object_store::Error::Generic { .. })
+                    && (text.contains("status code: 416") || text.contains("InvalidRange"))
+                {
+                    return Ok(None);
+                }
+                return Err(store_err(e, "get", key));
+            }
+        };
+        if let (Some(want), Some(got)) = (expected_etag, r.meta.e_tag.as_deref())
+            && want != got
+        {
+            return Err(errno(libc::ESTALE));
+        }
+        Ok(Some(r))
     }
 
     // ---- writes ----

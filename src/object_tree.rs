@@ -9,13 +9,19 @@
 //! a plain errno: hard links, symlinks and device nodes `EPERM`, a directory rename
 //! `EXDEV` (so `mv` copies), extended attributes `EOPNOTSUPP`.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
 use crate::object_source::{ObjKind, ObjMeta, ObjStat, ObjectSource};
 use crate::source::{DirEntry, SetAttr, Stat, TimeSpec};
+
+/// HEADs in flight for one listing's attributes (readdirplus).
+const STAT_PARALLEL: usize = 16;
 
 fn errno(n: i32) -> io::Error {
     io::Error::from_raw_os_error(n)
@@ -36,7 +42,18 @@ pub struct ObjectTree {
     pub store: ObjectSource,
     /// Owner of objects without s3fs/rclone owner metadata: the daemon's.
     owner: (u32, u32),
+    /// The ETag behind the last stat of each path, keyed by what the stat showed (size and
+    /// ctime, whose nanoseconds digest the ETag): a reader of the version a stat showed
+    /// needs no HEAD of its own, and cannot be handed a newer version than the one the
+    /// cache records. Bounded: cleared when full.
+    etags: Mutex<HashMap<PathBuf, (Version, String)>>,
 }
+
+/// What a `Stat` shows of an object's version.
+type Version = (u64, (i64, u32));
+
+/// Paths whose ETag `ObjectTree` remembers at most.
+const ETAGS_KEPT: usize = 16 << 10;
 
 impl ObjectTree {
     pub fn new(store: ObjectSource) -> ObjectTree {
@@ -44,7 +61,11 @@ impl ObjectTree {
             rustix::process::geteuid().as_raw(),
             rustix::process::getegid().as_raw(),
         );
-        ObjectTree { store, owner }
+        ObjectTree {
+            store,
+            owner,
+            etags: Mutex::default(),
+        }
     }
 
     pub fn default_owner(&self) -> (u32, u32) {
@@ -55,8 +76,17 @@ impl ObjectTree {
         self.store.key_of(rel)
     }
 
+    /// The POSIX view of `st`; a file's ETag is remembered for `open_reader`.
     fn posix(&self, rel: &Path, st: &ObjStat) -> io::Result<Stat> {
-        Ok(st.posix(&self.key(rel)?, self.owner))
+        let posix = st.posix(&self.key(rel)?, self.owner);
+        if let (ObjKind::File, Some(etag)) = (st.kind, &st.etag) {
+            let mut etags = self.etags.lock().unwrap();
+            if etags.len() >= ETAGS_KEPT {
+                etags.clear();
+            }
+            etags.insert(rel.to_path_buf(), ((posix.size, posix.ctime), etag.clone()));
+        }
+        Ok(posix)
     }
 
     /// At start: the bucket (and prefix) can be listed.
@@ -76,15 +106,32 @@ impl ObjectTree {
     }
 
     /// One HEAD per name: a listing carries no user metadata, and the attributes a
-    /// readdirplus hands out must be the ones a lookup gives.
+    /// readdirplus hands out must be the ones a lookup gives. The HEADs of a large listing
+    /// go out `STAT_PARALLEL` at a time: each is a round trip that mostly waits.
     pub fn stat_children(&self, dir: &Path, names: &[&OsStr]) -> Vec<io::Result<Stat>> {
-        names
-            .iter()
-            .map(|n| match n.to_str() {
-                Some(".") => self.stat(dir),
-                Some("..") => self.stat(dir.parent().unwrap_or(Path::new(""))),
-                _ => self.stat(&dir.join(n)),
-            })
+        let stat_one = |n: &OsStr| match n.to_str() {
+            Some(".") => self.stat(dir),
+            Some("..") => self.stat(dir.parent().unwrap_or(Path::new(""))),
+            _ => self.stat(&dir.join(n)),
+        };
+        if names.len() < 2 {
+            return names.iter().map(|n| stat_one(n)).collect();
+        }
+        let next = AtomicUsize::new(0);
+        let out: Vec<OnceLock<io::Result<Stat>>> = names.iter().map(|_| OnceLock::new()).collect();
+        std::thread::scope(|s| {
+            for _ in 0..STAT_PARALLEL.min(names.len()) {
+                s.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(n) = names.get(i) else { return };
+                        let _ = out[i].set(stat_one(n));
+                    }
+                });
+            }
+        });
+        out.into_iter()
+            .map(|r| r.into_inner().expect("every name was stat'ed"))
             .collect()
     }
 
@@ -106,15 +153,39 @@ impl ObjectTree {
             .collect()
     }
 
-    pub fn open_reader(&self, rel: &Path) -> io::Result<SourceReader> {
-        let st = self.store.stat(rel)?;
-        if st.kind != ObjKind::File {
+    /// A reader of the version of `rel` that showed `size` and `ctime` (what the cache
+    /// records of it): by the ETag the stat that showed it saw, else by a HEAD, which must
+    /// show the same version (`ESTALE` if the object changed since).
+    pub fn open_reader(
+        &self,
+        rel: &Path,
+        size: u64,
+        ctime: (i64, u32),
+    ) -> io::Result<SourceReader> {
+        let reader = |etag| SourceReader::Object {
+            rel: rel.to_path_buf(),
+            etag: Some(etag),
+        };
+        if let Some((v, etag)) = self.etags.lock().unwrap().get(rel)
+            && *v == (size, ctime)
+        {
+            return Ok(reader(etag.clone()));
+        }
+        let st = self.stat(rel)?;
+        if !st.is_file() {
             return Err(errno(libc::EISDIR));
         }
-        Ok(SourceReader::Object {
-            rel: rel.to_path_buf(),
-            etag: st.etag,
-        })
+        if (st.size, st.ctime) != (size, ctime) {
+            return Err(errno(libc::ESTALE));
+        }
+        match self.etags.lock().unwrap().get(rel) {
+            Some((v, etag)) if *v == (size, ctime) => Ok(reader(etag.clone())),
+            // A server that sends no ETag: reads cannot name the version.
+            _ => Ok(SourceReader::Object {
+                rel: rel.to_path_buf(),
+                etag: None,
+            }),
+        }
     }
 
     pub fn mkdir(&self, rel: &Path, mode: u32, owner: (u32, u32)) -> io::Result<Stat> {
@@ -242,6 +313,19 @@ impl ObjectTree {
             .store
             .read_range(rel, offset, len as u64, etag)?
             .to_vec())
+    }
+
+    /// `read_at`, the bytes handed to `sink(offset, bytes)` as they arrive.
+    pub fn read_into(
+        &self,
+        rel: &Path,
+        etag: Option<&str>,
+        len: usize,
+        offset: u64,
+        sink: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        self.store
+            .read_range_into(rel, offset, len as u64, etag, sink)
     }
 
     /// No sizes to report: a large, mostly free file system, so that `df` and writers

@@ -202,9 +202,10 @@ impl CachingFs {
             return;
         }
         if state.fetch_src.is_none() {
-            state.fetch_src = inode
-                .path()
-                .and_then(|p| self.fetcher.open_source(|| self.source.open_reader(&p)));
+            state.fetch_src = inode.path().and_then(|p| {
+                let id = &state.record.identity;
+                self.fetcher.open_source(|| self.source.open_reader(&p, id))
+            });
         }
         self.fetch_all(state);
     }

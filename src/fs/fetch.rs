@@ -16,6 +16,7 @@ use fuser::Errno;
 use super::{CachingFs, FileState, Handle, Result, errno, now_millis, read_full};
 use crate::fetch::{End, FileFetch, FileJob, Flight, Job, SourceFd, Step, Task};
 use crate::inode::Inode;
+use crate::object_tree::SourceReader;
 use crate::stats::Stats;
 
 /// The flights of a whole-file fetch an open waits for.
@@ -30,6 +31,15 @@ struct Ctx<'a> {
     inode: &'a Arc<Inode>,
     ff: &'a Arc<FileFetch>,
     src: &'a Arc<SourceFd>,
+}
+
+/// How copying a piece from the source to the cache file went.
+enum Copied {
+    Bytes(usize),
+    SourceFailed(std::io::Error),
+    CacheFailed(std::io::Error),
+    /// The file's cached content changed meanwhile.
+    Aborted,
 }
 
 /// How a wait for a range of a flight ended.
@@ -86,10 +96,10 @@ impl CachingFs {
         let (first, last) = (offset / cs, (end - 1) / cs);
         // The fetch descriptor is closed once a file is complete; a reset since needs it.
         if state.fetch_src.is_none() && (first..=last).any(|c| !state.record.is_present(c)) {
-            state.fetch_src = h
-                .inode
-                .path()
-                .and_then(|p| self.fetcher.open_source(|| self.source.open_reader(&p)));
+            state.fetch_src = h.inode.path().and_then(|p| {
+                let id = &state.record.identity;
+                self.fetcher.open_source(|| self.source.open_reader(&p, id))
+            });
         }
         let chunk_len = |c: u64| cs.min(file_size - c * cs);
         let mut flights = ff.flights.lock().unwrap();
@@ -332,19 +342,27 @@ impl CachingFs {
     ) -> std::result::Result<(), Got> {
         let r = f.piece(i);
         let len = (r.end - r.start) as usize;
-        let start = r.start;
-        let got = self.source.read_at(&ctx.src.reader, len, start);
-        let (buf, n) = match got {
-            Ok(b) => {
-                let n = b.len();
-                (b, n)
-            }
-            Err(e) => {
+        let copied = match &ctx.src.reader {
+            SourceReader::File(_) => self.copy_file_piece(ctx, f, r.start, len),
+            SourceReader::Object { .. } => self.stream_object_piece(ctx, f, r.start, len),
+        };
+        let n = match copied {
+            Copied::Bytes(n) => n,
+            Copied::SourceFailed(e) => {
                 tracing::debug!(
                     "fetch of chunk {} failed: {e}; reading the source directly",
                     f.chunk
                 );
                 return Err(self.flight_failed(ctx, f));
+            }
+            Copied::CacheFailed(e) => {
+                tracing::warn!("cache write failed: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                return Err(self.flight_failed(ctx, f));
+            }
+            Copied::Aborted => {
+                f.finish(End::Aborted);
+                return Err(Got::Aborted);
             }
         };
         Stats::add(&self.stats.cache.bytes_from_source, n as u64);
@@ -353,28 +371,68 @@ impl CachingFs {
             tracing::debug!("source shorter than cached version at chunk {}", f.chunk);
             return Err(self.flight_failed(ctx, f));
         }
-        let written = |d: &std::fs::File| {
-            d.write_all_at(&buf, r.start)?;
-            // Under the gate: an invalidation cannot slip between the write and this.
-            f.committed(len as u64);
-            Ok::<(), std::io::Error>(())
-        };
-        match ctx.ff.with_data(f.epoch, written) {
-            None => {
-                f.finish(End::Aborted);
-                return Err(Got::Aborted);
-            }
-            Some(Err(e)) => {
-                tracing::warn!("cache write failed: {e}");
-                Stats::add(&self.stats.cache.cache_errors, 1);
-                return Err(self.flight_failed(ctx, f));
-            }
-            Some(Ok(())) => {}
-        }
         if f.piece_written(i) {
             self.flight_complete(ctx, f);
         }
         Ok(())
+    }
+
+    /// A piece from a source file: one read, then one write to the cache file.
+    fn copy_file_piece(&self, ctx: &Ctx<'_>, f: &Arc<Flight>, start: u64, len: usize) -> Copied {
+        let buf = match self.source.read_at(&ctx.src.reader, len, start) {
+            Ok(b) => b,
+            Err(e) => return Copied::SourceFailed(e),
+        };
+        let written = |d: &std::fs::File| {
+            d.write_all_at(&buf, start)?;
+            // Under the gate: an invalidation cannot slip between the write and this.
+            f.committed(buf.len() as u64);
+            Ok::<(), std::io::Error>(())
+        };
+        match ctx.ff.with_data(f.epoch, written) {
+            None => Copied::Aborted,
+            Some(Err(e)) => Copied::CacheFailed(e),
+            Some(Ok(())) => Copied::Bytes(buf.len()),
+        }
+    }
+
+    /// A piece of an object: the GET's body is written to the cache file as it arrives
+    /// (no buffer of the piece: a piece is a whole chunk there).
+    fn stream_object_piece(
+        &self,
+        ctx: &Ctx<'_>,
+        f: &Arc<Flight>,
+        start: u64,
+        len: usize,
+    ) -> Copied {
+        // Why the sink stopped the GET, if it did: not a source error.
+        let stopped: Arc<std::sync::Mutex<Option<Copied>>> = Arc::default();
+        let (ff, flight, why) = (ctx.ff.clone(), f.clone(), stopped.clone());
+        let sink = move |off: u64, bytes: &[u8]| {
+            let written = |d: &std::fs::File| {
+                d.write_all_at(bytes, off)?;
+                // Under the gate, as for a file's piece.
+                flight.committed(bytes.len() as u64);
+                Ok::<(), std::io::Error>(())
+            };
+            let stop = match ff.with_data(flight.epoch, written) {
+                Some(Ok(())) => return Ok(()),
+                None => Copied::Aborted,
+                Some(Err(e)) => Copied::CacheFailed(e),
+            };
+            *why.lock().unwrap() = Some(stop);
+            Err(std::io::Error::from_raw_os_error(libc::ECANCELED))
+        };
+        let r = self
+            .source
+            .read_object_into(&ctx.src.reader, len, start, sink);
+        if let Some(stop) = stopped.lock().unwrap().take() {
+            return stop;
+        }
+        match r {
+            Ok(n) => Copied::Bytes(n as usize),
+            Err(e) => Copied::SourceFailed(e),
+        }
     }
 
     fn flight_failed(&self, ctx: &Ctx<'_>, f: &Arc<Flight>) -> Got {
@@ -591,7 +649,7 @@ impl CachingFs {
         }
         state.fetch_src = self
             .fetcher
-            .open_source(|| self.source.open_reader(&job.path));
+            .open_source(|| self.source.open_reader(&job.path, &state.record.identity));
         let Some(src) = state.fetch_src.clone() else {
             dropped();
             return self.unload_if_idle(&inode, &mut guard);
@@ -669,11 +727,12 @@ impl CachingFs {
 
 /// Starts the fetch workers (`--fetch-workers`).
 pub fn spawn_fetch_workers(fs: &Arc<CachingFs>) -> std::io::Result<()> {
-    let n = fs.cfg.fetch_workers.unwrap_or_else(|| {
-        let remote = std::fs::File::open(&fs.cfg.source)
-            .is_ok_and(|d| crate::coherence::is_remote(d.as_fd()));
-        crate::config::default_fetch_workers(remote)
-    });
+    // The recorded kind, not a fresh look at the path: an `s3://` source has none, and an
+    // unreachable one at an offline start may hang.
+    let n = fs
+        .cfg
+        .fetch_workers
+        .unwrap_or_else(|| crate::config::default_fetch_workers(fs.source.is_remote()));
     for i in 0..n {
         let weak: Weak<CachingFs> = Arc::downgrade(fs);
         fs.fetcher.workers.fetch_add(1, Relaxed);

@@ -45,7 +45,9 @@ impl CachingFs {
         }
         if !state.complete() {
             if state.fetch_src.is_none() {
-                state.fetch_src = self.fetcher.open_source(|| self.source.open_reader(path));
+                state.fetch_src = self
+                    .fetcher
+                    .open_source(|| self.source.open_reader(path, &state.record.identity));
             }
             self.fetch_all(state);
         }
