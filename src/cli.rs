@@ -304,12 +304,13 @@ impl MountArgs {
         let mountpoint = self
             .mountpoint
             .ok_or("no MOUNTPOINT: give it, or `mountpoint` in the config file's [mount.NAME]")?;
+        let chunk_size = config::default_chunk_size(&source);
         let mut c = Config {
             cache_dir: PathBuf::new(),
             source,
             mountpoint,
             whole_file_threshold: config::DEFAULT_WHOLE_FILE_THRESHOLD,
-            chunk_size: config::DEFAULT_CHUNK_SIZE,
+            chunk_size,
             entry_ttl: None,
             attr_ttl: None,
             negative_ttl: None,
@@ -521,6 +522,16 @@ mod tests {
                 .contains("bogus")
         );
         assert!(parse(&["hoardfs", "/src"]).is_err());
+    }
+
+    #[test]
+    fn object_sources_default_to_larger_chunks() {
+        let c = parse(&["hoardfs", "/src", "/mnt"]).unwrap();
+        assert_eq!(c.chunk_size, config::DEFAULT_CHUNK_SIZE);
+        let c = parse(&["hoardfs", "s3://bucket/p", "/mnt"]).unwrap();
+        assert_eq!(c.chunk_size, config::OBJECT_CHUNK_SIZE);
+        let c = parse(&["hoardfs", "s3://bucket", "/mnt", "-o", "chunk_size=1M"]).unwrap();
+        assert_eq!(c.chunk_size, 1 << 20, "an explicit size wins");
     }
 
     #[test]

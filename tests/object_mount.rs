@@ -109,6 +109,8 @@ fn reads_cold_then_warm_from_the_cache_alone() {
     }
     let cold = m.stats().cache;
     assert!(cold.bytes_from_source >= big.len() as u64, "{cold:?}");
+    // Chunks of 8 MiB on an object store, each one GET: 3 for 20 MiB, 1 per small file.
+    assert_eq!(cold.chunks_fetched, 3 + 20, "{cold:?}");
 
     // Warm after a remount: validated by HEAD, served by passthrough, no GET.
     m.remount();
