@@ -446,6 +446,21 @@ impl CachingFs {
     /// Every piece is in the cache file: the chunk becomes present (crash rule 1: on disk
     /// only at the next checkpoint, after fdatasync).
     fn flight_complete(&self, ctx: &Ctx<'_>, f: &Arc<Flight>) {
+        // Start the chunk's writeback now, outside the state mutex: the checkpoint's
+        // fdatasync, which runs under it, then finds little left to write instead of
+        // stalling readers and workers while `checkpoint_chunks` chunks reach the disk.
+        ctx.ff.with_data(f.epoch, |d| {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain syscall on an open descriptor; failure only loses the hint.
+            unsafe {
+                libc::sync_file_range(
+                    d.as_raw_fd(),
+                    f.off as i64,
+                    f.len as i64,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                )
+            };
+        });
         let mut guard = ctx.inode.file();
         let mut end = End::Aborted;
         if let Some(state) = guard.as_mut()
