@@ -210,6 +210,83 @@ fn writes_reach_the_bucket_on_close_with_their_metadata() {
     );
 }
 
+/// `aws` (the AWS CLI, which `.ci/run` installs) against the test server: JSON out.
+fn aws(v: &Versity, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new("aws")
+        .args(["--endpoint-url", &v.endpoint, "--region", "us-east-1", "--output", "json"])
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("the aws CLI (installed by .ci/run)");
+    assert!(
+        out.status.success(),
+        "aws {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn the_aws_cli_sees_what_the_semantics_document_says() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "gone.txt", b"x");
+    let m = mount(&v, &[]);
+    // Write, overwrite in part, chmod, set the mtime, rename, mkdir, delete.
+    std::fs::write(m.m("a.txt"), b"first version").unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.m("a.txt"))
+            .unwrap();
+        f.write_all_at(b"FIRST", 0).unwrap();
+    }
+    std::fs::set_permissions(m.m("a.txt"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(m.m("a.txt"))
+        .unwrap()
+        .set_modified(UNIX_EPOCH + Duration::from_secs(1_600_000_000))
+        .unwrap();
+    std::fs::rename(m.m("a.txt"), m.m("b.txt")).unwrap();
+    std::fs::create_dir(m.m("d")).unwrap();
+    std::fs::write(m.m("d/e.txt"), b"e").unwrap();
+    std::fs::remove_file(m.m("gone.txt")).unwrap();
+
+    // The keys: the renamed object, the directory's marker, the new file; nothing else.
+    let list = aws(&v, &["s3api", "list-objects-v2", "--bucket", BUCKET]);
+    let mut keys: Vec<&str> = list["Contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["Key"].as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["b.txt", "d/", "d/e.txt"], "{list}");
+
+    // The object: its bytes, and mode, owner and mtime in s3fs/rclone metadata, kept by
+    // the rename (copy + delete).
+    let head = aws(&v, &["s3api", "head-object", "--bucket", BUCKET, "--key", "b.txt"]);
+    assert_eq!(head["ContentLength"], 13, "{head}");
+    let meta = &head["Metadata"];
+    assert_eq!(meta["mode"], (libc::S_IFREG | 0o640).to_string(), "{head}");
+    assert_eq!(meta["uid"], rustix::process::geteuid().as_raw().to_string());
+    assert_eq!(meta["gid"], rustix::process::getegid().as_raw().to_string());
+    let mtime: f64 = meta["mtime"].as_str().unwrap().parse().unwrap();
+    assert_eq!(mtime, 1_600_000_000.0, "{head}");
+    let out = tempfile::NamedTempFile::new().unwrap();
+    aws(
+        &v,
+        &["s3", "cp", "s3://hoard/b.txt", out.path().to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read(out.path()).unwrap(), b"FIRST version");
+}
+
 #[test]
 fn an_emptied_prefix_directory_stays_until_rmdir() {
     let v = Versity::start(&[BUCKET]);
