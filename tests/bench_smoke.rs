@@ -8,6 +8,10 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
+
+/// One bench run at a time: each drops the page cache and tears down its work directory.
+static ONE_RUN: Mutex<()> = Mutex::new(());
 
 #[test]
 fn bench_quick_runs_every_workload_and_reports() {
@@ -15,6 +19,7 @@ fn bench_quick_runs_every_workload_and_reports() {
         eprintln!("bench smoke run skipped (HOARDFS_SKIP_BENCH_SMOKE)");
         return;
     }
+    let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     let results = tempfile::tempdir().unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(repo.join("bench/run"))
@@ -47,4 +52,53 @@ fn bench_quick_runs_every_workload_and_reports() {
         !mounts.contains("/var/tmp/hoardfs-bench-smoke"),
         "left mounted:\n{mounts}"
     );
+}
+
+/// `bench/run --s3 --quick`: the object-store benchmark on versitygw, every system.
+#[test]
+fn bench_s3_quick_runs_every_system_and_reports() {
+    if std::env::var_os("HOARDFS_SKIP_BENCH_SMOKE").is_some() {
+        eprintln!("bench smoke run skipped (HOARDFS_SKIP_BENCH_SMOKE)");
+        return;
+    }
+    let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
+    let results = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let work = "/var/tmp/hoardfs-bench-smoke-s3";
+    let out = Command::new(repo.join("bench/run"))
+        .args(["--s3", "--quick"])
+        .env("HOARDFS_BENCH_RESULTS", results.path())
+        .env("HOARDFS_BENCH_WORK", work)
+        .output()
+        .expect("bench/run");
+    let log =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench/run --s3 --quick failed:\n{log}"
+    );
+    let report = std::fs::read_dir(results.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "md"))
+        .unwrap_or_else(|| panic!("no report written:\n{log}"));
+    let text = std::fs::read_to_string(&report).unwrap();
+    for row in [
+        "| download to a file, 1 stream |",
+        "| hoardfs | cold |",
+        "| hoardfs | warm |",
+        "| rclone | cold |",
+        "| s3fs | cold |",
+        "## grep:",
+    ] {
+        assert!(text.contains(row), "{row} missing from the report:\n{text}");
+    }
+    // Two seq rows and one grep row per system.
+    for system in ["hoardfs", "rclone", "s3fs"] {
+        let rows = text.matches(&format!("| {system} |")).count();
+        assert_eq!(rows, 3, "{system}: {rows} rows in the report:\n{text}");
+    }
+    assert!(!text.contains("## Failed"), "{text}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(work), "left mounted:\n{mounts}");
 }
