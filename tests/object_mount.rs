@@ -213,7 +213,14 @@ fn writes_reach_the_bucket_on_close_with_their_metadata() {
 /// `aws` (the AWS CLI, which `.ci/run` installs) against the test server: JSON out.
 fn aws(v: &Versity, args: &[&str]) -> serde_json::Value {
     let out = std::process::Command::new("aws")
-        .args(["--endpoint-url", &v.endpoint, "--region", "us-east-1", "--output", "json"])
+        .args([
+            "--endpoint-url",
+            &v.endpoint,
+            "--region",
+            "us-east-1",
+            "--output",
+            "json",
+        ])
         .args(args)
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
@@ -271,7 +278,10 @@ fn the_aws_cli_sees_what_the_semantics_document_says() {
 
     // The object: its bytes, and mode, owner and mtime in s3fs/rclone metadata, kept by
     // the rename (copy + delete).
-    let head = aws(&v, &["s3api", "head-object", "--bucket", BUCKET, "--key", "b.txt"]);
+    let head = aws(
+        &v,
+        &["s3api", "head-object", "--bucket", BUCKET, "--key", "b.txt"],
+    );
     assert_eq!(head["ContentLength"], 13, "{head}");
     let meta = &head["Metadata"];
     assert_eq!(meta["mode"], (libc::S_IFREG | 0o640).to_string(), "{head}");
