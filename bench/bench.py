@@ -212,13 +212,19 @@ class Source:
 
 
 class RemoteSource(Source):
+    # Added round trip in ms (`fetch.py --rtt-ms`): ssh goes through tools/delay_relay.py.
+    rtt_ms = 0
+
     def mount(self):
         d = os.path.join(WORK, "remote")
         umount(self.path)
         os.makedirs(self.path, exist_ok=True)
-        mount_cmd(["sshfs", f"root@{ADDR_NS}:{d}/export", self.path, "-o",
-                   f"IdentityFile={d}/ssh/client_key,StrictHostKeyChecking=no,"
-                   f"UserKnownHostsFile=/dev/null,BatchMode=yes,LogLevel=ERROR"],
+        opts = (f"IdentityFile={d}/ssh/client_key,StrictHostKeyChecking=no,"
+                f"UserKnownHostsFile=/dev/null,BatchMode=yes,LogLevel=ERROR")
+        if self.rtt_ms:
+            relay = os.path.join(BENCH, "tools", "delay_relay.py")
+            opts += f",ProxyCommand=/usr/bin/python3 {relay} {self.rtt_ms / 2} %h %p"
+        mount_cmd(["sshfs", f"root@{ADDR_NS}:{d}/export", self.path, "-o", opts],
                   os.path.join(d, "sshfs.log"))
         wait_mounted(self.path)
 

@@ -3,9 +3,11 @@
 
     cargo build --release && python3 bench/fetch.py [--runs 3] [--only seq,random,many,grep]
         [--grep-srcs remote,slow,local] [--grep-variants 'dp0=--fetch-dir-prefetch 0;dp16=']
+        [--rtt-ms 20]
 
 Uses bench.py's set-up and tear-down (local dir, throttled loop-device ext4, SSHFS over a
-100 Mbit/s shaped veth) with a smaller grep tree (/usr/include/linux and c++). Prints a
+100 Mbit/s shaped veth; with --rtt-ms, ssh runs through tools/delay_relay.py, which adds
+that round trip) with a smaller grep tree (/usr/include/linux and c++). Prints a
 markdown summary and writes bench/results/fetch-<date>.json. Medians of --runs runs, the
 systems interleaved (rotated) run by run.
 """
@@ -156,9 +158,12 @@ def main():
     ap.add_argument("--workers-only", action="store_true",
                     help="seq: compare --fetch-workers 1, 2, 4 only")
     ap.add_argument("--grep-srcs", default="remote,slow,local")
+    ap.add_argument("--rtt-ms", type=float, default=0,
+                    help="remote: add this round trip to the SSH link (tools/delay_relay.py)")
     ap.add_argument("--grep-variants", default="hoardfs=",
                     help="grep: ';'-separated LABEL=ARGS, e.g. 'dp0=--fetch-dir-prefetch 0;dp16=--fetch-dir-prefetch 16'")
     a = ap.parse_args()
+    B.RemoteSource.rtt_ms = a.rtt_ms
     B.P = dict(B.FULL, runs=a.runs, tree=["linux", "c++"], pages_files=4,
                seq={"local": 1024 * MIB, "slow": 512 * MIB, "remote": 64 * MIB})
     B.teardown()
@@ -194,7 +199,8 @@ def main():
             grep(srcs, variants, a.grep_srcs.split(","))
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                     git=B.sh(["git", "-C", B.REPO, "describe", "--always", "--dirty"], check=False).stdout.strip(),
-                    load_before=load0, load_after=os.getloadavg(), throttle=B.META.get("throttle"))
+                    load_before=load0, load_after=os.getloadavg(), throttle=B.META.get("throttle"),
+                    rtt_ms=a.rtt_ms)
         out = os.path.join(B.BENCH, "results", f"fetch-{datetime.datetime.now():%Y-%m-%d-%H%M%S}.json")
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=OUT), f, indent=1)
