@@ -98,6 +98,9 @@ pub struct FileState {
     /// Offline (`--offline-writes=log`): the source version the file's offline changes
     /// are made to, set when it is first opened for writing offline.
     offline_base: Option<crate::oplog::Base>,
+    /// The file's attributes when its last name was unlinked while it was open: an
+    /// object store keeps nothing to `fstat` (a POSIX source has `path_fd`).
+    unlinked: Option<Stat>,
 }
 
 impl FileState {
@@ -705,8 +708,11 @@ impl CachingFs {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 let st = self
                     .open_source_fd(&inode)
-                    .and_then(|f| fstat(f.as_fd()).ok());
-                st.map(|st| attr_of(id, &st)).ok_or(Errno::ENOENT)
+                    .and_then(|f| fstat(f.as_fd()).ok())
+                    .or_else(|| inode.file().as_ref().and_then(|s| s.unlinked));
+                let mut st = st.ok_or(Errno::ENOENT)?;
+                self.pending_attr(id, &mut st);
+                Ok(attr_of(id, &st))
             }
             Err(e) => Err(errno(e)),
         }
@@ -891,6 +897,9 @@ impl CachingFs {
             inode.remove_name(&path);
             if before.nlink <= 1 {
                 self.inodes.unlinked(&inode);
+                if let Some(state) = inode.file().as_mut() {
+                    state.unlinked = Some(Stat { nlink: 0, ..before });
+                }
             }
         }
         if let Err(e) = self.cache.remove(&path) {
@@ -1616,6 +1625,7 @@ impl CachingFs {
             unsynced: 0,
             written: false,
             offline_base: None,
+            unlinked: None,
         }
     }
 

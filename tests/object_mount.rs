@@ -298,6 +298,44 @@ fn the_aws_cli_sees_what_the_semantics_document_says() {
 }
 
 #[test]
+fn a_file_unlinked_or_renamed_while_open_for_writing_behaves_as_on_a_disk() {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    let m = mount(&v, &[]);
+    // Unlinked while open: writes, reads and fstat go on (the cache file holds them),
+    // close succeeds, and no object comes back.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.m("tmp.txt"))
+        .unwrap();
+    f.write_all(b"before").unwrap();
+    std::fs::remove_file(m.m("tmp.txt")).unwrap();
+    f.write_all(b" after").unwrap();
+    let mut buf = [0u8; 12];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"before after");
+    let st = f.metadata().unwrap();
+    assert_eq!((st.len(), st.nlink()), (12, 0));
+    drop(f);
+    assert!(c.stat(Path::new("tmp.txt")).is_err());
+    assert!(!m.m("tmp.txt").exists());
+
+    // Renamed while open: the close uploads everything under the new name.
+    let mut f = std::fs::File::create(m.m("r1.txt")).unwrap();
+    f.write_all(b"one").unwrap();
+    std::fs::rename(m.m("r1.txt"), m.m("r2.txt")).unwrap();
+    f.write_all(b" two").unwrap();
+    drop(f);
+    assert_eq!(get(&c, "r2.txt"), b"one two");
+    assert!(c.stat(Path::new("r1.txt")).is_err());
+}
+
+#[test]
 fn an_emptied_prefix_directory_stays_until_rmdir() {
     let v = Versity::start(&[BUCKET]);
     let c = client(&v);

@@ -39,7 +39,7 @@ impl CachingFs {
     ) -> Result<()> {
         if flags & libc::O_TRUNC != 0 {
             if state.record.identity.size > 0 || state.files.is_none() {
-                self.offline_modify(state, path, |f, _| f.set_len(0).map(|_| 0))?;
+                self.offline_modify(state, Some(path), |f, _| f.set_len(0).map(|_| 0))?;
             }
             return Ok(());
         }
@@ -304,7 +304,7 @@ impl CachingFs {
         let r = (|| {
             let flags = if size == 0 { libc::O_TRUNC } else { 0 };
             self.object_prepare_write(state, path, flags)?;
-            self.offline_modify(state, path, |f, _| f.set_len(size).map(|_| size))?;
+            self.offline_modify(state, Some(path), |f, _| f.set_len(size).map(|_| size))?;
             self.object_store(inode, state)
         })();
         if opened_here {

@@ -212,7 +212,8 @@ impl CachingFs {
             let base = self.base_of(&st);
             state.offline_base = Some(self.oplog.lock().unwrap().base_for(path, base));
         }
-        if truncate && let Err(e) = self.offline_modify(state, path, |f, _| f.set_len(0).map(|_| 0))
+        if truncate
+            && let Err(e) = self.offline_modify(state, Some(path), |f, _| f.set_len(0).map(|_| 0))
         {
             self.release_if_unused(inode, &mut guard);
             return Err(e);
@@ -228,15 +229,18 @@ impl CachingFs {
     }
 
     /// Changes the cache file of an offline-written file: `f(data, size)` returns the new
-    /// size. The record is marked dirty (durably) first and stays whole.
+    /// size. The record is marked dirty (durably) first and stays whole. `path` is needed
+    /// only when nothing is cached yet; `None` is a file unlinked while open, whose open
+    /// cache file takes the writes (as the source file would on a POSIX source).
     pub(super) fn offline_modify(
         &self,
         state: &mut super::FileState,
-        path: &Path,
+        path: Option<&Path>,
         f: impl FnOnce(&File, u64) -> io::Result<u64>,
     ) -> Result<()> {
         if state.files.is_none() {
             // Nothing cached: only allowed when the result is empty (a truncation).
+            let path = path.ok_or(Errno::EIO)?;
             let files = self.cache.open_files(path).map_err(|_| Errno::EIO)?;
             files.data.set_len(0).map_err(|_| Errno::EIO)?;
             state.record.resize(0);
@@ -263,13 +267,13 @@ impl CachingFs {
             // Opened while online: its writes would have gone to the source.
             return Err(Errno::EROFS);
         }
-        let path = h.inode.path().ok_or(Errno::EIO)?;
+        let path = h.inode.path();
         if !self.usage.may_grow(data.len() as u64) {
             return Err(Errno::ENOSPC);
         }
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
-        self.offline_modify(state, &path, |f, size| {
+        self.offline_modify(state, path.as_deref(), |f, size| {
             f.write_all_at(data, offset)?;
             Ok(size.max(offset + data.len() as u64))
         })?;
@@ -289,10 +293,10 @@ impl CachingFs {
         if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
             return Err(Errno::EOPNOTSUPP);
         }
-        let path = h.inode.path().ok_or(Errno::EIO)?;
+        let path = h.inode.path();
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
-        self.offline_modify(state, &path, |f, size| {
+        self.offline_modify(state, path.as_deref(), |f, size| {
             if unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) } != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -497,7 +501,7 @@ impl CachingFs {
                 let base = self.base_of(&self.offline_stat(path)?);
                 state.offline_base = Some(self.oplog.lock().unwrap().base_for(path, base));
             }
-            self.offline_modify(state, path, |f, _| f.set_len(size).map(|_| size))?;
+            self.offline_modify(state, Some(path), |f, _| f.set_len(size).map(|_| size))?;
             if state.daemon_opens == 0 {
                 self.offline_store(inode, state)?;
             }
