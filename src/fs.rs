@@ -20,7 +20,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
@@ -891,15 +891,20 @@ impl CachingFs {
         }
         let path = child(&self.path_of(parent)?, name)?;
         let before = self.source.stat(&path).map_err(errno)?;
+        let inode = self.find_inode(&path, &before);
+        let uploads_held = self.hold_uploads(inode.as_deref());
         self.source.unlink(&path).map_err(errno)?;
-        self.listing_changed(path.parent().unwrap_or(Path::new("")));
-        if let Some(inode) = self.find_inode(&path, &before) {
+        if let Some(inode) = &inode {
             inode.remove_name(&path);
-            if before.nlink <= 1 {
-                self.inodes.unlinked(&inode);
-                if let Some(state) = inode.file().as_mut() {
-                    state.unlinked = Some(Stat { nlink: 0, ..before });
-                }
+        }
+        drop(uploads_held);
+        self.listing_changed(path.parent().unwrap_or(Path::new("")));
+        if let Some(inode) = inode
+            && before.nlink <= 1
+        {
+            self.inodes.unlinked(&inode);
+            if let Some(state) = inode.file().as_mut() {
+                state.unlinked = Some(Stat { nlink: 0, ..before });
             }
         }
         if let Err(e) = self.cache.remove(&path) {
@@ -910,6 +915,17 @@ impl CachingFs {
 
     fn find_inode(&self, path: &Path, st: &Stat) -> Option<Arc<Inode>> {
         self.inodes.find(path, st)
+    }
+
+    /// On an object store an open writer uploads under the file's current name (flush,
+    /// fsync, release; a `fork` elsewhere can send a flush at any time). Holding its state
+    /// across a delete or rename and the change of its name keeps such an upload from
+    /// landing under the old name after the store's change, which would bring it back.
+    fn hold_uploads<'a>(
+        &self,
+        inode: Option<&'a Inode>,
+    ) -> Option<MutexGuard<'a, Option<FileState>>> {
+        inode.filter(|_| self.source.is_object()).map(|i| i.file())
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
@@ -945,13 +961,18 @@ impl CachingFs {
         let from = child(&self.path_of(parent)?, name)?;
         let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).ok();
+        let inode = (before.as_ref())
+            .filter(|_| self.source.is_object())
+            .and_then(|b| self.find_inode(&from, b));
+        let uploads_held = self.hold_uploads(inode.as_deref());
         self.source.rename(&from, &to, flags).map_err(errno)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        self.inodes.renamed(&from, &to, exchange, parent, newparent);
+        drop(uploads_held);
         for dir in [&from, &to] {
             self.listing_changed(dir.parent().unwrap_or(Path::new("")));
             self.listing_changed(dir);
         }
-        let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        self.inodes.renamed(&from, &to, exchange, parent, newparent);
         self.cache.rename(&from, &to, flags);
         // rename changes the file's ctime: keep its cache record matching (our own change).
         if let Some(before) = before.filter(|b| b.is_file())
