@@ -11,27 +11,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{TestMount, pattern};
-use hoardfs::object_source::{Credentials, ObjKind, ObjMeta, ObjectSource, ObjectUrl, S3Options};
+use hoardfs::object_source::{ObjKind, ObjMeta, ObjectSource, ObjectUrl};
 use s3::{ACCESS_KEY, SECRET_KEY, Versity};
 
 const BUCKET: &str = "hoard";
 
 /// The bucket as another S3 client sees it.
 fn client(v: &Versity) -> ObjectSource {
-    let o = S3Options {
-        endpoint: Some(v.endpoint.clone()),
-        region: Some("us-east-1".into()),
-        allow_http: true,
-        credentials: Some(Credentials {
-            access_key_id: ACCESS_KEY.into(),
-            secret_access_key: SECRET_KEY.into(),
-            session_token: None,
-        }),
-        call_timeout: Duration::from_secs(10),
-        ..Default::default()
-    };
     let url = ObjectUrl::parse(&format!("s3://{BUCKET}")).unwrap();
-    ObjectSource::open_with_env(&url, o, &|_| None, false).unwrap()
+    ObjectSource::open_with_env(&url, s3::client_options(&v.endpoint), &|_| None, false).unwrap()
 }
 
 fn put(c: &ObjectSource, rel: &str, data: &[u8]) {

@@ -25,19 +25,7 @@ use s3::{ACCESS_KEY, SECRET_KEY, Versity};
 const BUCKET: &str = "hoard";
 
 fn opts(endpoint: &str) -> S3Options {
-    S3Options {
-        endpoint: Some(endpoint.to_string()),
-        region: Some("us-east-1".into()),
-        allow_http: true,
-        credentials: Some(Credentials {
-            access_key_id: ACCESS_KEY.into(),
-            secret_access_key: SECRET_KEY.into(),
-            session_token: None,
-        }),
-        call_timeout: Duration::from_secs(10),
-        request_timeout: Duration::from_secs(5),
-        ..Default::default()
-    }
+    s3::client_options(endpoint)
 }
 
 fn open_with(url: &str, o: S3Options) -> ObjectSource {

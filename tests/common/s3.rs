@@ -16,6 +16,23 @@ pub const VERSITYGW_VERSION: &str = "v1.8.0";
 pub const ACCESS_KEY: &str = "hoardfs-test-access";
 pub const SECRET_KEY: &str = "hoardfs-test-secret-key";
 
+/// Options of a client of the test server at `endpoint`, with its keys and short timeouts.
+pub fn client_options(endpoint: &str) -> hoardfs::object_source::S3Options {
+    hoardfs::object_source::S3Options {
+        endpoint: Some(endpoint.to_string()),
+        region: Some("us-east-1".into()),
+        allow_http: true,
+        credentials: Some(hoardfs::object_source::Credentials {
+            access_key_id: ACCESS_KEY.into(),
+            secret_access_key: SECRET_KEY.into(),
+            session_token: None,
+        }),
+        call_timeout: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(5),
+        ..Default::default()
+    }
+}
+
 /// Serializes the one-time build between tests of one binary.
 static BUILD: Mutex<()> = Mutex::new(());
 
