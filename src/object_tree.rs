@@ -100,11 +100,6 @@ impl ObjectTree {
         self.posix(rel, &st)
     }
 
-    /// The object store's own stat (with its ETag), for readers and uploads.
-    pub fn obj_stat(&self, rel: &Path) -> io::Result<ObjStat> {
-        self.store.stat(rel)
-    }
-
     /// One HEAD per name: a listing carries no user metadata, and the attributes a
     /// readdirplus hands out must be the ones a lookup gives. The HEADs of a large listing
     /// go out `STAT_PARALLEL` at a time: each is a round trip that mostly waits.
