@@ -4,34 +4,97 @@
 //! answers one line of JSON; the daemon serves them on its own thread.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use crate::mounts::HoardfsMount;
 use crate::stats::Snapshot;
 
+/// The socket directory of this process's user: root's is shared by root's mounts,
+/// readable by all (anyone may read counters) and writable by root alone; a user's is in
+/// their runtime directory.
 pub fn runtime_dir() -> PathBuf {
-    if rustix::process::geteuid().is_root() {
+    let euid = rustix::process::geteuid().as_raw();
+    if euid == 0 {
         PathBuf::from("/run/hoardfs")
     } else if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         PathBuf::from(d).join("hoardfs")
     } else {
-        PathBuf::from(format!(
-            "/tmp/hoardfs-{}",
-            rustix::process::geteuid().as_raw()
-        ))
+        PathBuf::from(format!("/tmp/hoardfs-{euid}"))
     }
 }
 
-pub fn socket_path(mountpoint: &Path) -> PathBuf {
+/// Where the daemon of a mount owned by `owner` keeps its socket, as seen by this process.
+fn runtime_dirs_of(owner: u32) -> Vec<PathBuf> {
+    if owner == rustix::process::geteuid().as_raw() {
+        vec![runtime_dir()]
+    } else if owner == 0 {
+        vec![PathBuf::from("/run/hoardfs")]
+    } else {
+        vec![
+            PathBuf::from(format!("/run/user/{owner}/hoardfs")),
+            PathBuf::from(format!("/tmp/hoardfs-{owner}")),
+        ]
+    }
+}
+
+/// The socket's name: a 64-bit FNV-1a hash of the mount point and its length (socket paths
+/// are limited to 108 bytes). A daemon refuses to take over a name another daemon answers
+/// on, and `stats` checks the mount point in the answer.
+fn socket_name(mountpoint: &Path) -> String {
     let bytes = mountpoint.as_os_str().as_encoded_bytes();
-    runtime_dir().join(format!(
-        "{:08x}-{}.sock",
-        crc32fast::hash(bytes),
-        bytes.len()
-    ))
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}-{}.sock", bytes.len())
+}
+
+/// The socket path of this process's own mount at `mountpoint`.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(socket_name(mountpoint))
+}
+
+/// Creates the socket directory, or checks the one there: a directory (not a link) owned by
+/// us and writable by no one else, so that no other user can remove or replace a socket in
+/// it. Ours with a looser mode (earlier versions made `/run/hoardfs` 0777) is tightened.
+fn prepare_runtime_dir(dir: &Path) -> anyhow::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let euid = rustix::process::geteuid();
+    let mode = Mode::from_raw_mode(if euid.is_root() { 0o755 } else { 0o700 });
+    match rustix::fs::mkdir(dir, mode) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+    }
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .with_context(|| format!("{}: not a directory of ours (a link?)", dir.display()))?;
+    let st = rustix::fs::fstat(&fd)?;
+    if st.st_uid != euid.as_raw() {
+        bail!(
+            "{} belongs to uid {}, not to this daemon's uid {}: remove it, or set \
+             XDG_RUNTIME_DIR to a directory of your own",
+            dir.display(),
+            st.st_uid,
+            euid.as_raw()
+        );
+    }
+    if st.st_mode & 0o7777 != mode.as_raw_mode() {
+        rustix::fs::fchmod(&fd, mode).with_context(|| format!("cannot chmod {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Who is on the other end of a control connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer {
+    pub uid: u32,
 }
 
 /// What the daemon does for control requests.
@@ -45,12 +108,23 @@ pub trait Handler: Send + Sync + 'static {
     fn pin(&self, rel: &Path, on: bool) -> Result<(), String>;
 }
 
-fn answer(handler: &dyn Handler, line: &str) -> String {
+/// Answers one request. Counters are for anyone who can reach the socket; every request
+/// that changes the mount or names a path in it is for root and the mount's owner alone
+/// (a name test such as `pin secret/x` would otherwise tell other users what a 0700
+/// directory holds).
+fn answer(handler: &dyn Handler, line: &str, peer: Peer, owner: u32) -> String {
     let ok = |r: Result<(), String>| match r {
         Ok(()) => serde_json::json!({ "ok": true }).to_string(),
         Err(e) => serde_json::json!({ "error": e }).to_string(),
     };
     let (verb, rest) = line.split_once(' ').unwrap_or((line, ""));
+    if verb != "stats" && peer.uid != 0 && peer.uid != owner {
+        return ok(Err(format!(
+            "permission denied: only root or the mount's owner (uid {owner}) may {verb}; \
+             uid {} may read counters (stats)",
+            peer.uid
+        )));
+    }
     match verb {
         "stats" => serde_json::to_string(&handler.stats()).unwrap_or_default(),
         "set" => {
@@ -74,50 +148,183 @@ fn answer(handler: &dyn Handler, line: &str) -> String {
     }
 }
 
-/// Serves control requests until the process exits.
-pub fn serve(mountpoint: &Path, handler: std::sync::Arc<dyn Handler>) -> anyhow::Result<PathBuf> {
-    let path = socket_path(mountpoint);
-    std::fs::create_dir_all(path.parent().unwrap())?;
+/// The uid on the other end of a Unix socket (`SO_PEERCRED`, set by the kernel at connect).
+fn peer_uid(conn: &UnixStream) -> std::io::Result<u32> {
+    Ok(rustix::net::sockopt::socket_peercred(conn.as_fd())?
+        .uid
+        .as_raw())
+}
+
+/// What is behind a control socket.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// A daemon answered `stats`, for this mount point.
+    Answers(String),
+    /// Something accepted the connection but did not answer in time: a hung daemon, or one
+    /// killed while stuck in the kernel (its socket outlives its threads).
+    Silent,
+    /// Nothing listens (no socket, or a dead daemon's).
+    Absent,
+}
+
+fn probe_socket(path: &Path, wait: Duration) -> Liveness {
+    let Ok(mut conn) = UnixStream::connect(path) else {
+        return Liveness::Absent;
+    };
+    let _ = conn.set_read_timeout(Some(wait));
+    let _ = conn.set_write_timeout(Some(wait));
+    if writeln!(conn, "stats").is_err() {
+        return Liveness::Silent;
+    }
+    let mut line = String::new();
+    match BufReader::new(&conn).read_line(&mut line) {
+        Ok(n) if n > 0 => Liveness::Answers(
+            serde_json::from_str::<Snapshot>(&line)
+                .map(|s| s.mountpoint)
+                .unwrap_or_default(),
+        ),
+        _ => Liveness::Silent,
+    }
+}
+
+/// Whether the daemon of `mount` answers within `wait`.
+pub fn probe(mount: &HoardfsMount, wait: Duration) -> Liveness {
+    let name = socket_name(&mount.mountpoint);
+    for dir in runtime_dirs_of(mount.owner) {
+        match probe_socket(&dir.join(&name), wait) {
+            Liveness::Absent => continue,
+            l => return l,
+        }
+    }
+    Liveness::Absent
+}
+
+/// A bound control socket's path, removed when the daemon is done, if it is still ours: a
+/// daemon that was stopped and taken over may run on after the new daemon bound the same name.
+pub struct BoundSocket {
+    path: PathBuf,
+    inode: (u64, u64),
+}
+
+impl BoundSocket {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn remove(self) {
+        if let Ok(st) = rustix::fs::lstat(&self.path)
+            && (st.st_dev, st.st_ino) == self.inode
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Binds the control socket of the mount at `mountpoint` (made by this process) and serves
+/// control requests on a thread of its own until the process exits.
+pub fn serve(
+    mountpoint: &Path,
+    handler: std::sync::Arc<dyn Handler>,
+) -> anyhow::Result<BoundSocket> {
+    let dir = runtime_dir();
+    prepare_runtime_dir(&dir)?;
+    let path = dir.join(socket_name(mountpoint));
+    // A socket another daemon answers on is its, not ours to replace; a silent one is a
+    // dead or hung daemon's whose mount is gone (the mount point was cleared before we
+    // mounted).
+    if let Liveness::Answers(other) = probe_socket(&path, Duration::from_secs(2)) {
+        bail!(
+            "cannot bind {}: the hoardfs daemon of {other} answers on it",
+            path.display()
+        );
+    }
     let _ = std::fs::remove_file(&path);
     let listener =
         UnixListener::bind(&path).with_context(|| format!("cannot bind {}", path.display()))?;
+    // Anyone may connect to root's sockets to read counters (requests are checked by the
+    // peer's credentials); a user's socket is theirs alone. Set explicitly: the daemon runs
+    // with umask 0.
+    let mode = if rustix::process::geteuid().is_root() {
+        0o666
+    } else {
+        0o600
+    };
+    rustix::fs::chmod(&path, rustix::fs::Mode::from_raw_mode(mode))
+        .with_context(|| format!("cannot chmod {}", path.display()))?;
+    let st = rustix::fs::lstat(&path)?;
+    let bound = BoundSocket {
+        path,
+        inode: (st.st_dev, st.st_ino),
+    };
+    let owner = rustix::process::geteuid().as_raw();
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
+                let Ok(uid) = peer_uid(&conn) else { continue };
                 let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
                 let mut line = String::new();
                 let mut reader = BufReader::new(&conn);
                 if reader.read_line(&mut line).is_err() {
                     continue;
                 }
-                let reply = answer(handler.as_ref(), line.trim_end_matches('\n'));
+                let reply = answer(
+                    handler.as_ref(),
+                    line.trim_end_matches('\n'),
+                    Peer { uid },
+                    owner,
+                );
                 let mut w = &conn;
                 let _ = writeln!(w, "{reply}");
             }
         })?;
-    Ok(path)
+    Ok(bound)
 }
 
-/// Sends one request line to the daemon of `mountpoint`; returns the canonical mount
-/// point, the socket path and the answer line.
-fn request(mountpoint: &Path, req: &str) -> anyhow::Result<(PathBuf, PathBuf, String)> {
-    let mp = std::fs::canonicalize(mountpoint)
-        .with_context(|| format!("{}: no such mount point", mountpoint.display()))?;
-    let path = socket_path(&mp);
-    let mut conn = UnixStream::connect(&path).with_context(|| {
+/// Connects to the daemon of `mount`, checking that the socket is served by root or by the
+/// mount's owner (anyone else's server there would be an impostor).
+fn connect(mount: &HoardfsMount) -> anyhow::Result<(PathBuf, UnixStream)> {
+    let name = socket_name(&mount.mountpoint);
+    let mut last_err = None;
+    for dir in runtime_dirs_of(mount.owner) {
+        let path = dir.join(&name);
+        match UnixStream::connect(&path) {
+            Ok(conn) => {
+                let uid = peer_uid(&conn)?;
+                if uid != 0 && uid != mount.owner {
+                    bail!(
+                        "control socket {} is served by uid {uid}, not by root or the \
+                         mount's owner (uid {}): refusing to talk to it",
+                        path.display(),
+                        mount.owner
+                    );
+                }
+                return Ok((path, conn));
+            }
+            Err(e) => last_err = Some((path, e)),
+        }
+    }
+    let (path, e) = last_err.expect("at least one runtime directory");
+    Err(e).with_context(|| {
         format!(
             "{} is not a running hoardfs mount (no control socket at {})",
-            mp.display(),
+            mount.mountpoint.display(),
             path.display()
         )
-    })?;
+    })
+}
+
+/// Sends one request line to the daemon of the hoardfs mount holding `path`; returns the
+/// mount, the socket path and the answer line.
+fn request(path: &Path, req: &str) -> anyhow::Result<(HoardfsMount, PathBuf, String)> {
+    let (mount, _) = crate::mounts::mount_of(path)?;
+    let (socket, mut conn) = connect(&mount)?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     writeln!(conn, "{req}")?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
-    Ok((mp, path, line))
+    Ok((mount, socket, line))
 }
 
 /// Changes a tunable of the running mount (`hoardfs set`).
@@ -154,66 +361,121 @@ pub fn request_clean(mountpoint: &Path, to: Option<u64>) -> anyhow::Result<u64> 
     Ok(check_answer(&line)?["freed"].as_u64().unwrap_or(0))
 }
 
-/// The hoardfs mount point holding `path` (the longest `fuse.hoardfs` mount above it).
-pub fn mount_of(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let abs = std::fs::canonicalize(path).with_context(|| format!("{}", path.display()))?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let mp = info
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let sep = f.iter().position(|x| *x == "-")?;
-            (f.get(sep + 1) == Some(&"fuse.hoardfs")).then(|| PathBuf::from(unescape(f[4])))
-        })
-        .filter(|mp| abs.starts_with(mp))
-        .max_by_key(|mp| mp.as_os_str().len())
-        .ok_or_else(|| anyhow::anyhow!("{} is not inside a hoardfs mount", abs.display()))?;
-    let rel = abs.strip_prefix(&mp)?.to_path_buf();
-    Ok((mp, rel))
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push(u8::from_str_radix(&s[i + 1..i + 4], 8).unwrap_or(b'?'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Pins (or unpins) a path inside a mount.
 pub fn request_pin(path: &Path, on: bool) -> anyhow::Result<()> {
-    let (mp, rel) = mount_of(path)?;
+    let (_, rel) = crate::mounts::mount_of(path)?;
     if rel.as_os_str().is_empty() {
         bail!("pin files or directories inside the mount, not the mount point itself");
     }
     let verb = if on { "pin" } else { "unpin" };
-    let (_, _, line) = request(&mp, &format!("{verb} {}", rel.display()))?;
+    let (_, _, line) = request(path, &format!("{verb} {}", rel.display()))?;
     check_answer(&line).map(|_| ())
 }
 
-/// Asks the daemon of `mountpoint` for its counters.
-pub fn request_stats(mountpoint: &Path) -> anyhow::Result<Snapshot> {
-    let (mp, path, line) = request(mountpoint, "stats")?;
+/// Asks the daemon of the hoardfs mount holding `path` for its counters.
+pub fn request_stats(path: &Path) -> anyhow::Result<Snapshot> {
+    let (mount, socket, line) = request(path, "stats")?;
     let snap: Snapshot = serde_json::from_str(&line).context("bad answer from the daemon")?;
-    if Path::new(&snap.mountpoint) != mp {
+    if Path::new(&snap.mountpoint) != mount.mountpoint {
         bail!(
             "control socket {} belongs to {}, not {}",
-            path.display(),
+            socket.display(),
             snap.mountpoint,
-            mp.display()
+            mount.mountpoint.display()
         );
     }
     Ok(snap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    struct Fixed;
+    impl Handler for Fixed {
+        fn stats(&self) -> Snapshot {
+            Snapshot::default()
+        }
+        fn set(&self, _: &str, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        fn clean(&self, _: Option<u64>) -> u64 {
+            7
+        }
+        fn pin(&self, _: &Path, _: bool) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn only_root_and_the_owner_may_change_or_name_things() {
+        let owner = 1000;
+        for uid in [0, owner] {
+            for req in [
+                "set stale_check off",
+                "clean 0",
+                "pin a/b",
+                "set online off",
+            ] {
+                let a = answer(&Fixed, req, Peer { uid }, owner);
+                assert!(!a.contains("error"), "uid {uid} {req}: {a}");
+            }
+        }
+        for req in [
+            "set stale_check off",
+            "set log trace",
+            "set online off",
+            "clean 0",
+            "clean",
+            "pin secret/x",
+            "unpin secret/x",
+        ] {
+            let a = answer(&Fixed, req, Peer { uid: 65534 }, owner);
+            assert!(a.contains("permission denied"), "{req}: {a}");
+        }
+        let a = answer(&Fixed, "stats", Peer { uid: 65534 }, owner);
+        assert!(a.contains("mountpoint"), "{a}");
+    }
+
+    #[test]
+    fn the_runtime_directory_is_ours_and_tight() {
+        if !rustix::process::geteuid().is_root() {
+            return; // needs chown to stage another user's directory
+        }
+        let t = tempfile::tempdir().unwrap();
+        // Created with the right mode, whatever the umask.
+        let fresh = t.path().join("fresh");
+        prepare_runtime_dir(&fresh).unwrap();
+        assert_eq!(fs_mode(&fresh), 0o755);
+        // Ours but loose (as earlier versions left /run/hoardfs): tightened.
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o777)).unwrap();
+        prepare_runtime_dir(&fresh).unwrap();
+        assert_eq!(fs_mode(&fresh), 0o755);
+        // Another user's: refused, and left as it was.
+        let theirs = t.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = prepare_runtime_dir(&theirs).unwrap_err().to_string();
+        assert!(e.contains("belongs to uid 65534"), "{e}");
+        assert_eq!(fs_mode(&theirs), 0o777);
+        // A link to a directory of ours: refused, never followed.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        assert!(prepare_runtime_dir(&link).is_err());
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    }
+
+    fn fs_mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn socket_names_differ_by_mount_point() {
+        let a = socket_name(Path::new("/mnt/a"));
+        assert_ne!(a, socket_name(Path::new("/mnt/b")));
+        assert_eq!(a, socket_name(Path::new("/mnt/a")));
+        assert!(runtime_dir().join(&a).as_os_str().len() < 100);
+    }
 }

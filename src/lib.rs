@@ -15,6 +15,7 @@ pub mod inode;
 pub mod logging;
 pub mod manpage;
 pub mod metrics;
+pub mod mounts;
 pub mod object_source;
 pub mod object_tree;
 pub mod oplog;

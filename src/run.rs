@@ -20,6 +20,7 @@ const TABLE_TICK: Duration = Duration::from_millis(200);
 /// Mounts and serves. Without `foreground`, returns in the parent once the mount is ready
 /// (exit status tells whether it is), while a detached child serves it.
 pub fn mount(cfg: Config) -> anyhow::Result<()> {
+    take_over_mountpoint(&cfg.mountpoint)?;
     let cfg = cfg.validate()?;
     // Everything that can fail for a bad invocation fails here, on the user's terminal.
     let store = CacheStore::open(&cfg.cache_dir)?;
@@ -36,6 +37,36 @@ pub fn mount(cfg: Config) -> anyhow::Result<()> {
         let _ = write!(std::fs::File::from(ready), "{e:#}");
     }
     result
+}
+
+/// One hoardfs mount per mount point: a mount point that holds one whose daemon answers is
+/// refused; one whose daemon is dead or hung (killed -9 while stuck in the kernel, stopped)
+/// is cleared (its FUSE connection aborted, the mount detached) so that mounting again
+/// needs no hand. Read from mountinfo, never by a stat through the old mount (it would
+/// hang or fail with ENOTCONN).
+fn take_over_mountpoint(mountpoint: &std::path::Path) -> anyhow::Result<()> {
+    let Ok(abs) = crate::mounts::lexical_absolute(mountpoint) else {
+        return Ok(());
+    };
+    let Some(old) = crate::mounts::mount_at(&abs) else {
+        return Ok(());
+    };
+    match crate::control::probe(&old, Duration::from_secs(2)) {
+        crate::control::Liveness::Answers(_) => anyhow::bail!(
+            "{} is already a hoardfs mount (of {}) and its daemon answers: unmount it first",
+            abs.display(),
+            old.source
+        ),
+        state => {
+            tracing::warn!(
+                mountpoint = %abs.display(),
+                connection = old.connection,
+                "the hoardfs mount already there does not answer ({state:?}): aborting its \
+                 FUSE connection and detaching it"
+            );
+            crate::mounts::clear(&old)
+        }
+    }
 }
 
 /// Forks; the parent waits for the child's word on a pipe and exits with it.
@@ -209,7 +240,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     unmount_on_error.0 = None;
     let r = session.run();
     crate::sd_notify::notify("STOPPING=1");
-    let _ = std::fs::remove_file(socket);
+    socket.remove();
     r.context("FUSE session failed")?;
     tracing::info!("unmounted");
     Ok(())

@@ -173,7 +173,8 @@ pub fn warm_quiet(paths: &[PathBuf], pin: bool, jobs: usize, bar: bool) -> anyho
     let mut items = Vec::new();
     let mut mountpoint = None;
     for p in paths {
-        let (mp, _) = crate::control::mount_of(p)?;
+        let (mp, _) = crate::mounts::mount_of(p)?;
+        let mp = mp.mountpoint;
         if pin {
             crate::control::request_pin(p, true)
                 .with_context(|| format!("cannot pin {}", p.display()))?;

@@ -600,7 +600,7 @@ fn bad_invocations_get_clear_errors() {
 
     let out = run(&["stats".as_ref(), mnt.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a running hoardfs mount"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not inside a hoardfs mount"));
 }
 
 #[test]
