@@ -708,7 +708,7 @@ impl CachingFs {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 let st = self
                     .open_source_fd(&inode)
-                    .and_then(|f| fstat(f.as_fd()).ok())
+                    .and_then(|f| self.source.fstat(f.as_fd()).ok())
                     .or_else(|| inode.file().as_ref().and_then(|s| s.unlinked));
                 let mut st = st.ok_or(Errno::ENOENT)?;
                 self.pending_attr(id, &mut st);
@@ -1016,7 +1016,7 @@ impl CachingFs {
         // The caller's open file when it gave one: its name may be gone.
         let src_fd = handle.as_ref().and_then(|h| h.source.as_ref());
         let stat_now = || match (src_fd, &path) {
-            (Some(f), _) => fstat(f.as_fd()),
+            (Some(f), _) => self.source.fstat(f.as_fd()),
             (None, Some(p)) => self.source.stat(p),
             (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
@@ -1089,7 +1089,7 @@ impl CachingFs {
         }
         let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
         let after = match (fd, path) {
-            (Some(f), _) => fstat(f.as_fd()),
+            (Some(f), _) => self.source.fstat(f.as_fd()),
             (None, Some(path)) => self.source.stat(path),
             (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
@@ -2008,6 +2008,14 @@ impl CachingFs {
         }
         // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
         self.unload_if_idle(&h.inode, &mut guard);
+        drop(guard);
+        // The source descriptor is closed under the source guard, outside the file's lock
+        // (a request still in flight on the handle closes it when done instead).
+        if let Ok(h) = Arc::try_unwrap(h)
+            && let Some(source) = h.source
+        {
+            self.source.close(source);
+        }
         Ok(())
     }
 
@@ -2023,21 +2031,25 @@ impl CachingFs {
             state.fetch.invalidate();
             self.mark_written(state);
         }
-        let r = unsafe {
-            libc::fallocate(
-                std::os::fd::AsRawFd::as_raw_fd(src),
-                mode,
-                offset as i64,
-                length as i64,
-            )
-        };
-        let res = if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        };
+        // Under the source guard: a hung source holds this file's lock no longer than the
+        // source timeout.
+        let res = self.source.with_fd(src.as_fd(), move |f| {
+            let r = unsafe {
+                libc::fallocate(
+                    std::os::fd::AsRawFd::as_raw_fd(f),
+                    mode,
+                    offset as i64,
+                    length as i64,
+                )
+            };
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
         if let Some(state) = guard.as_mut() {
-            let after = fstat(src.as_fd());
+            let after = self.source.fstat(src.as_fd());
             let same_on_cache = res.is_ok()
                 && mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) == 0
                 && state.files.as_ref().is_some_and(|f| unsafe {
@@ -2086,11 +2098,15 @@ impl CachingFs {
                 &owned
             }
         };
-        let r = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(src), offset, whence) };
-        if r < 0 {
-            return Err(errno(io::Error::last_os_error()));
-        }
-        Ok(r)
+        self.source
+            .with_fd(src.as_fd(), move |f| {
+                let r = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(f), offset, whence) };
+                if r < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(r)
+            })
+            .map_err(errno)
     }
 
     // ---------------------------------------------------------------- locks
@@ -2146,11 +2162,19 @@ impl CachingFs {
             .lock_file(id, owner, fh)
             .map_err(|e| io::Error::from_raw_os_error(e.code()))?;
         let mut fl = Self::flock_struct(start, end, typ);
-        let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), cmd, &mut fl) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
+        let mut lock = move |f: &File| {
+            let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(f), cmd, &mut fl) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(fl)
+        };
+        if cmd == libc::F_OFD_SETLKW {
+            // A wait for another holder's lock may last as long as that holder wants: no
+            // timeout (such waits run on their own threads, see `fuse_adapter`).
+            return lock(&f);
         }
-        Ok(fl)
+        self.source.with_fd(f.as_fd(), lock)
     }
 
     /// The first lock conflicting with the given one: (start, end, type).

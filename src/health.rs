@@ -393,6 +393,25 @@ impl GuardedSource {
         }
     }
 
+    /// Closes a source descriptor. A close on a network or FUSE source may wait for the
+    /// server (FUSE sends FLUSH, NFS writes back), so with a timeout it runs on a source
+    /// worker: the caller waits for it at most the timeout while online, not at all
+    /// offline; the close itself always happens, when the source lets it.
+    pub fn close(&self, file: impl Send + 'static) {
+        let Some(timeout) = self.health.timeout() else {
+            drop(file);
+            return;
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.submit(Box::new(move || {
+            drop(file);
+            let _ = tx.send(());
+        }));
+        if self.health.online() {
+            let _ = rx.recv_timeout(timeout);
+        }
+    }
+
     /// Like `call`, even while offline (the probe, replaying offline changes).
     pub fn call_anyway<T: Send + 'static>(
         &self,

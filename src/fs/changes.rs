@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{CachingFs, FileState, child, fstat};
+use super::{CachingFs, FileState, child};
 use crate::cache::CacheRecord;
 use crate::cache::store::write_record;
 use crate::coherence::{Batch, Notice};
@@ -144,11 +144,16 @@ impl CachingFs {
         }
     }
 
-    /// `fstat` of the source behind an open file; `None` if it is not open.
+    /// `fstat` of the source behind an open file; `None` if it is not open or the source
+    /// does not answer. The descriptor is duplicated under the file's lock and asked
+    /// outside it, under the source guard: a hung source must not hold the lock that
+    /// every cached read of the file needs.
     fn stat_open(&self, inode: &Inode) -> Option<Stat> {
-        let guard = inode.file();
-        let fd = guard.as_ref()?.path_fd.as_ref()?;
-        fstat(fd.as_fd()).ok()
+        let fd = {
+            let guard = inode.file();
+            crate::source::dup_file(guard.as_ref()?.path_fd.as_ref()?.as_fd()).ok()?
+        };
+        self.source.fstat(fd.as_fd()).ok()
     }
 
     /// Compares an open file's cache with the source version `st` and, if the source
