@@ -198,6 +198,16 @@ impl TestMount {
         }
     }
 
+    /// SIGKILL the daemon and leave everything as the kill left it: no abort of the FUSE
+    /// connection, no unmount, no wait (a daemon killed while stuck in the kernel cannot
+    /// finish dying until its connection is aborted). The next `mount` must recover by
+    /// itself; the caller reaps the returned process after that.
+    pub fn kill_only(&mut self) -> Child {
+        let mut child = self.child.take().expect("not mounted");
+        child.kill().unwrap();
+        child
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
