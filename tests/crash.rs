@@ -218,8 +218,14 @@ fn crash_rounds(rounds: u64) {
         std::thread::sleep(Duration::from_millis(50 + seed % 600));
         // kill -9 and nothing else: mounting again must recover without a hand, even when
         // the killed daemon is stuck in the kernel behind a request it will never answer.
-        let killed = t.kill_only();
+        let mut killed = t.kill_only();
         stop.store(true, Ordering::Relaxed);
+        // The cache is checked once the daemon ran its last instruction: it is gone, or
+        // stuck in the kernel for good (then only the next mount's abort frees it).
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while killed.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let trusted_now = check_cache_against_source(t);
         t.mount();
         reap(killed, round);

@@ -960,3 +960,33 @@ fn a_hung_source_never_blocks_reads_of_cached_files_through_held_handles() {
     drop((held_deep, held_f3));
     source.signal(libc::SIGCONT);
 }
+
+/// A change through the mount keeps the directory's saved listing (it is taken again
+/// shortly after): the directory and its cached files stay readable offline, and a file
+/// created through the mount is listed offline once the listing was taken again.
+#[test]
+fn a_create_through_the_mount_keeps_the_directory_readable_offline() {
+    let t = TestMount::new(&[]);
+    fs::create_dir(t.s("d")).unwrap();
+    fs::write(t.s("d/f1"), b"one").unwrap();
+    fs::read_dir(t.m("d")).unwrap().for_each(drop);
+    assert_eq!(fs::read(t.m("d/f1")).unwrap(), b"one");
+    fs::write(t.m("d/new"), b"x").unwrap();
+    // At once: the old listing answers.
+    assert!(hoardfs(&["offline"], &t.mnt).status.success());
+    assert_eq!(fs::read(t.m("d/f1")).unwrap(), b"one");
+    fs::read_dir(t.m("d")).unwrap().for_each(drop);
+    assert!(hoardfs(&["online"], &t.mnt).status.success());
+    // Shortly after: the new listing, with the new file.
+    fs::write(t.m("d/new2"), b"y").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(hoardfs(&["offline"], &t.mnt).status.success());
+    let mut names: Vec<String> = fs::read_dir(t.m("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f1", "new", "new2"]);
+    assert_eq!(fs::read(t.m("d/f1")).unwrap(), b"one");
+    assert_eq!(fs::read(t.m("d/new2")).unwrap(), b"y");
+}

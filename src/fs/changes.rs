@@ -250,6 +250,16 @@ impl CachingFs {
 
 /// Starts the threads that feed `source_changed` (watcher) and `leases_expired`.
 pub fn spawn_coherence_threads(fs: &Arc<CachingFs>) -> std::io::Result<()> {
+    let weak: Weak<CachingFs> = Arc::downgrade(fs);
+    std::thread::Builder::new()
+        .name("relist".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(super::offline::RELIST_EVERY);
+                let Some(fs) = weak.upgrade() else { return };
+                fs.relist_changed();
+            }
+        })?;
     if fs.coherence.watcher.is_some() {
         let weak: Weak<CachingFs> = Arc::downgrade(fs);
         std::thread::Builder::new()

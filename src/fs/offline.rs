@@ -7,7 +7,7 @@
 //! `EIO` for names in directories never listed and for data never fetched, `ENOENT` for
 //! names a complete listing does not have, `EROFS` for every change unless `--offline-writes=log` (`fs/reintegrate.rs`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,14 @@ const LISTING_MAX_AGE: Duration = Duration::from_secs(60);
 pub struct Listed {
     taken: HashMap<PathBuf, (Stat, Instant)>,
     loaded: HashMap<PathBuf, Arc<Indexed>>,
+    /// Directories changed through the mount whose saved listings are to be taken again
+    /// (`relist_changed`); until then the old listing still answers offline.
+    changed: HashSet<PathBuf>,
 }
+
+/// How often the listings of directories changed through the mount are taken again: a
+/// burst of changes in one directory (an untar) costs one listing, not one per change.
+pub const RELIST_EVERY: Duration = Duration::from_millis(500);
 
 /// Decoded listings kept in memory at most.
 const LOADED_MAX: usize = 256;
@@ -134,6 +141,7 @@ impl CachingFs {
             Ok(()) => {
                 let mut listed = self.listed.lock().unwrap();
                 listed.loaded.remove(path);
+                listed.changed.remove(path);
                 listed
                     .taken
                     .insert(path.to_path_buf(), (dir, Instant::now()));
@@ -147,7 +155,11 @@ impl CachingFs {
     pub(super) fn ensure_listed(&self, dir: &Path) {
         let mut d = Some(dir);
         while let Some(p) = d {
-            let known = self.listed.lock().unwrap().taken.contains_key(p);
+            let known = {
+                let listed = self.listed.lock().unwrap();
+                // A changed directory is listed again shortly (`relist_changed`).
+                listed.taken.contains_key(p) || listed.changed.contains(p)
+            };
             if !known {
                 if self.cache.load_listing(p).is_none()
                     && let Ok(entries) = self.source.read_dir(p)
@@ -170,14 +182,35 @@ impl CachingFs {
         }
     }
 
-    /// The directory `dir` changed through the mount: its saved listing is out of date.
+    /// The directory `dir` changed through the mount: its saved listing is out of date and
+    /// is taken again shortly. Until then it keeps answering offline as last seen (dropping
+    /// it would make the directory and every cached file in it `EIO` offline).
     pub(super) fn listing_changed(&self, dir: &Path) {
-        {
-            let mut listed = self.listed.lock().unwrap();
-            listed.taken.remove(dir);
-            listed.loaded.remove(dir);
+        let mut listed = self.listed.lock().unwrap();
+        listed.taken.remove(dir);
+        listed.loaded.remove(dir);
+        listed.changed.insert(dir.to_path_buf());
+    }
+
+    /// Takes again the listings of the directories changed through the mount (while
+    /// online); a directory that is gone loses its listing.
+    pub fn relist_changed(&self) {
+        if !self.online() {
+            return;
         }
-        self.cache.drop_listing(dir);
+        let changed: Vec<PathBuf> = self.listed.lock().unwrap().changed.drain().collect();
+        for dir in changed {
+            match self.source.read_dir(&dir) {
+                Ok(entries) => self.save_listing(&dir, &entries),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                    self.cache.drop_listing(&dir);
+                }
+                Err(_) => {
+                    // The source failed: try again next time, or once back online.
+                    self.listed.lock().unwrap().changed.insert(dir);
+                }
+            }
+        }
     }
 
     /// Changes the saved listing of `dir` (an offline change, `fs/reintegrate.rs`): `EIO`
