@@ -149,6 +149,8 @@ pub struct DirList {
     /// `O_PATH` descriptor of the directory (none on an object store).
     fd: Option<OwnedFd>,
     pub entries: Vec<ListEntry>,
+    /// The namespace generation (`offline::Listed`) before the listing was read.
+    generation: u64,
 }
 
 /// One entry of a directory listing held by an open directory handle.
@@ -1193,6 +1195,15 @@ impl CachingFs {
     }
 
     fn opendir_online(&self, id: u64, path: &Path) -> Result<u64> {
+        let list = self.list_dir_online(id, path)?;
+        let fh = self.new_fh();
+        self.dirs.lock().unwrap().insert(fh, Arc::new(list));
+        Ok(fh)
+    }
+
+    /// Reads directory `id` at `path` from the source for an open directory handle.
+    fn list_dir_online(&self, id: u64, path: &Path) -> Result<DirList> {
+        let generation = self.namespace_generation();
         let path = path.to_path_buf();
         // Kept for fstat of the open directory once its name is gone.
         let fd = if self.source.is_object() {
@@ -1242,15 +1253,13 @@ impl CachingFs {
                 .dirs
                 .listed(&path, files.map(|e| e.name.clone()));
         }
-        let fh = self.new_fh();
-        let list = DirList {
+        Ok(DirList {
             dir_id: id,
             path,
             fd,
             entries: list,
-        };
-        self.dirs.lock().unwrap().insert(fh, Arc::new(list));
-        Ok(fh)
+            generation,
+        })
     }
 
     /// Attributes for a readdirplus batch. Each entry returned with `Some` counts as one
@@ -1285,13 +1294,30 @@ impl CachingFs {
             .collect()
     }
 
-    pub fn dir_entries(&self, fh: u64) -> Result<Arc<DirList>> {
-        self.dirs
+    /// The listing an open directory handle serves from `offset`. A listing that begins
+    /// (offset 0) after a change of the namespace through the mount, or one the watcher
+    /// reported, is read again: the kernel caches what a handle serves from offset 0 as the
+    /// directory's listing for its current version, which includes that change, so a
+    /// handle opened before the change must not serve its older listing then.
+    pub fn dir_entries(&self, fh: u64, offset: u64) -> Result<Arc<DirList>> {
+        let list = self
+            .dirs
             .lock()
             .unwrap()
             .get(&fh)
             .cloned()
-            .ok_or(Errno::EBADF)
+            .ok_or(Errno::EBADF)?;
+        if offset != 0 || list.generation == self.namespace_generation() || !self.online() {
+            return Ok(list);
+        }
+        match self.list_dir_online(list.dir_id, &list.path) {
+            Ok(fresh) => {
+                let fresh = Arc::new(fresh);
+                self.dirs.lock().unwrap().insert(fh, fresh.clone());
+                Ok(fresh)
+            }
+            Err(_) => Ok(list),
+        }
     }
 
     pub fn releasedir(&self, fh: u64) {

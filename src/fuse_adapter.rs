@@ -384,7 +384,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectory,
     ) {
         let _timer = self.fs.stats.start(Op::Readdir);
-        match self.fs.dir_entries(fh.0) {
+        match self.fs.dir_entries(fh.0, offset) {
             Ok(list) => {
                 for (i, e) in list.entries.iter().enumerate().skip(offset as usize) {
                     if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
@@ -406,7 +406,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _timer = self.fs.stats.start(Op::Readdirplus);
-        let list = match self.fs.dir_entries(fh.0) {
+        let list = match self.fs.dir_entries(fh.0, offset) {
             Ok(list) => list,
             Err(e) => return reply.error(e),
         };

@@ -302,3 +302,76 @@ fn two_mounts_see_each_others_writes_and_locks() {
     });
     assert_eq!(flock(&fb, libc::LOCK_UN), 0);
 }
+
+/// Writers change their own directories through the mount and list after each change,
+/// while listers read the same directories (names and lstat) in a loop: every listing
+/// begun after a change returned shows it, on a watched source (whose listings the kernel
+/// caches) and on an unwatched one. Before, a lister's handle opened before a change
+/// filled the kernel's cache with the older listing, which then stayed for minutes.
+#[test]
+fn listings_begun_after_a_change_through_the_mount_show_it_under_concurrent_listers() {
+    for args in [&[][..], &["--watch", "off"][..]] {
+        let t = TestMount::new(args);
+        let writers = 4;
+        for w in 0..writers {
+            std::fs::create_dir(t.s(&format!("d{w}"))).unwrap();
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let listers: Vec<_> = (0..3)
+            .map(|_| {
+                let (mnt, stop) = (t.mnt.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        for w in 0..writers {
+                            let d = mnt.join(format!("d{w}"));
+                            if let Ok(rd) = std::fs::read_dir(&d) {
+                                for e in rd.flatten() {
+                                    let _ = std::fs::symlink_metadata(e.path());
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let ws: Vec<_> = (0..writers)
+            .map(|w| {
+                let d = t.m(&format!("d{w}"));
+                std::thread::spawn(move || {
+                    let mut wrong = Vec::new();
+                    for n in 0..150 {
+                        let (a, b) = (format!("a{n}"), format!("b{n}"));
+                        std::fs::write(d.join(&a), b"x").unwrap();
+                        let l = names(&d);
+                        if !l.contains(&a) {
+                            wrong.push(format!("after create {a}: {l:?}"));
+                        }
+                        std::fs::rename(d.join(&a), d.join(&b)).unwrap();
+                        let l = names(&d);
+                        if !l.contains(&b) || l.contains(&a) {
+                            wrong.push(format!("after rename {a} -> {b}: {l:?}"));
+                        }
+                        std::fs::remove_file(d.join(&b)).unwrap();
+                        let l = names(&d);
+                        if l.contains(&b) {
+                            wrong.push(format!("after unlink {b}: {l:?}"));
+                        }
+                    }
+                    wrong
+                })
+            })
+            .collect();
+        let wrong: Vec<String> = ws.into_iter().flat_map(|w| w.join().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for l in listers {
+            l.join().unwrap();
+        }
+        assert!(
+            wrong.is_empty(),
+            "{args:?}: {} of {} listings were wrong, e.g. {:?}",
+            wrong.len(),
+            writers * 150 * 3,
+            &wrong[..wrong.len().min(3)]
+        );
+    }
+}

@@ -124,6 +124,9 @@ impl CachingFs {
                 }
             }
         }
+        if !dirs_changed.is_empty() {
+            self.namespace_changed_behind();
+        }
         for dir in dirs_changed {
             self.coherence.notify(Notice::Inode(dir));
         }

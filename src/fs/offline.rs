@@ -37,6 +37,9 @@ pub struct Listed {
     /// Directories changed through the mount whose saved listings are to be taken again
     /// (`relist_changed`); until then the old listing still answers offline.
     changed: HashSet<PathBuf>,
+    /// Counts changes of the namespace through the mount and those the watcher reports
+    /// (`CachingFs::dir_entries`).
+    generation: u64,
 }
 
 /// How often the listings of directories changed through the mount are taken again: a
@@ -190,6 +193,17 @@ impl CachingFs {
         listed.taken.remove(dir);
         listed.loaded.remove(dir);
         listed.changed.insert(dir.to_path_buf());
+        listed.generation += 1;
+    }
+
+    /// See `Listed::generation`.
+    pub(super) fn namespace_generation(&self) -> u64 {
+        self.listed.lock().unwrap().generation
+    }
+
+    /// The watcher saw directories change: listings begun from now on are read again.
+    pub(super) fn namespace_changed_behind(&self) {
+        self.listed.lock().unwrap().generation += 1;
     }
 
     /// Takes again the listings of the directories changed through the mount (while
@@ -358,6 +372,7 @@ impl CachingFs {
             path: path.to_path_buf(),
             fd: None,
             entries,
+            generation: self.namespace_generation(),
         })
     }
 
