@@ -25,6 +25,7 @@ REPO = os.path.dirname(BENCH)
 RESULTS_DIR = os.environ.get("HOARDFS_BENCH_RESULTS", os.path.join(BENCH, "results"))
 WORK = os.environ.get("HOARDFS_BENCH_WORK", "/var/tmp/hoardfs-bench")
 HOARDFS_BUILT = os.path.join(REPO, "target", "release", "hoardfs")
+CATFS_NOTE = "/var/tmp/hoardfs-bench-catfs.txt"  # bench/run's memo of its catfs attempt
 HOARDFS = os.path.join(WORK, "hoardfs")  # a copy: others may rebuild target/ during a run
 BT = os.path.join(WORK, "bt")
 NETNS = "hbench"
@@ -1261,8 +1262,7 @@ def main():
         META["machine"] = (f"{os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB, "
                            f"Linux {os.uname().release}")
         META["hoardfs"] = sh(["git", "-C", REPO, "describe", "--always", "--dirty"], check=False).stdout.strip()
-        META["catfs"] = open(os.path.join(WORK, "..", "hoardfs-bench-catfs.txt")).read().strip() \
-            if os.path.exists(os.path.join(WORK, "..", "hoardfs-bench-catfs.txt")) else "not attempted."
+        META["catfs"] = open(CATFS_NOTE).read().strip() if os.path.exists(CATFS_NOTE) else "not attempted."
         srcs = setup_sources()
         META["localfs"] = sh(["findmnt", "-no", "FSTYPE,SOURCE", "-T", srcs["local"].path]).stdout.strip()
         tree = os.path.join(srcs["local"].path, "tree")

@@ -45,7 +45,7 @@ pub enum Command {
         /// The mount point of a running hoardfs.
         mountpoint: PathBuf,
         /// Clean down to this size instead of the low watermark.
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         to: Option<u64>,
     },
     /// Keep files or directory trees in the cache: the cleaner never evicts them.
@@ -88,8 +88,7 @@ pub enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
-    /// Write the man pages or a shell's completion script (for packaging).
-    #[command(hide = true)]
+    /// Write the man pages or a shell's completion script (for installing, packaging).
     Generate {
         #[command(subcommand)]
         what: Generate,
@@ -118,7 +117,8 @@ pub enum ConfigAction {
 
 #[derive(Debug, Subcommand)]
 pub enum Generate {
-    /// Write hoardfs.1 and a page per subcommand (hoardfs-stats.1, ...) into DIR.
+    /// Write hoardfs.1 and a page per subcommand (hoardfs-stats.1, ...) into DIR, which
+    /// must exist.
     Man { dir: PathBuf },
     /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
@@ -228,6 +228,9 @@ pub struct MountArgs {
     /// Mount read-only.
     #[arg(short = 'r', long, help_heading = KERNEL)]
     pub read_only: bool,
+    /// Mount even if MOUNTPOINT is not empty (its files are hidden while mounted).
+    #[arg(long, help_heading = KERNEL)]
+    pub nonempty: bool,
 
     /// Soft maximum of inodes the daemon keeps; above it the kernel is asked to drop cold
     /// entries [default: what fits in 2% of RAM, 16Ki..256Ki].
@@ -253,7 +256,7 @@ pub struct MountArgs {
     /// Mount options, comma separated, as in fstab: cache_dir=DIR, whole_file_threshold=SIZE,
     /// chunk_size=SIZE, entry_ttl=S, attr_ttl=S, negative_ttl=S, watch=auto|on|off,
     /// source_timeout=S, offline, offline_writes=refuse|log, no_stale_check,
-    /// no_passthrough, allow_other, ro, rw, threads=N, max_inodes=N, cache_size=SIZE,
+    /// no_passthrough, allow_other, ro, rw, nonempty, threads=N, max_inodes=N, cache_size=SIZE,
     /// cache_share=PCT, high_watermark=PCT, low_watermark=PCT, min_free=SIZE,
     /// metrics_addr=ADDR, s3_endpoint=URL, s3_region=R, s3_virtual_hosted, fetch_workers=N, fetch_window=N, fetch_inflight=SIZE,
     /// fetch_fds=N, fetch_dir_prefetch=N; the generic mount(8) options
@@ -322,6 +325,7 @@ impl MountArgs {
             passthrough: true,
             allow_other: false,
             read_only: false,
+            nonempty: false,
             foreground: false,
             threads: 4,
             checkpoint_chunks: config::DEFAULT_CHECKPOINT_CHUNKS,
@@ -418,6 +422,7 @@ impl MountArgs {
                 "no_passthrough" => c.passthrough = false,
                 "passthrough" => c.passthrough = true,
                 "allow_other" => c.allow_other = true,
+                "nonempty" => c.nonempty = true,
                 "ro" => c.read_only = true,
                 "rw" => c.read_only = false,
                 k if IGNORED_MOUNT_OPTIONS.contains(&k)
@@ -479,6 +484,7 @@ impl MountArgs {
         c.passthrough &= !self.no_passthrough;
         c.allow_other |= self.allow_other;
         c.read_only |= self.read_only;
+        c.nonempty |= self.nonempty;
         c.foreground = self.foreground;
         c.cache_dir = match cache_dir {
             Some(d) => d,
@@ -516,6 +522,11 @@ mod tests {
         assert_eq!(c.cache_dir, PathBuf::from("/c"));
         assert_eq!(c.chunk_size, 2 << 20, "flags win over -o");
         assert!(c.read_only);
+        assert!(!c.nonempty);
+        let c = parse(&["hoardfs", "/src", "/mnt", "-o", "nonempty"]).unwrap();
+        assert!(c.nonempty);
+        let c = parse(&["hoardfs", "/src", "/mnt", "--nonempty"]).unwrap();
+        assert!(c.nonempty);
         assert!(
             parse(&["hoardfs", "/src", "/mnt", "-o", "bogus"])
                 .unwrap_err()

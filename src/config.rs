@@ -108,6 +108,8 @@ pub struct Config {
     pub passthrough: bool,
     pub allow_other: bool,
     pub read_only: bool,
+    /// Mount over a mount point that is not empty (hiding what it holds).
+    pub nonempty: bool,
     pub foreground: bool,
     pub threads: usize,
     pub checkpoint_chunks: u32,
@@ -258,6 +260,57 @@ fn canonical_source(p: &Path) -> Result<PathBuf, ConfigError> {
     }
 }
 
+/// The topmost ancestor of `p` (or `p` itself) that does not exist: what
+/// `create_dir_all(p)` would create first. `None` when `p` exists.
+fn first_missing(p: &Path) -> Option<PathBuf> {
+    let mut top = None;
+    for a in p.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        if a.symlink_metadata().is_ok() {
+            break;
+        }
+        top = Some(a.to_path_buf());
+    }
+    top
+}
+
+/// A mount over a directory that holds files hides them (`hoardfs EMPTY DATA`, arguments
+/// swapped, would hide DATA): refused unless asked for with `--nonempty`. A directory that
+/// cannot be listed is let through (the mount itself then decides).
+fn check_empty(m: &Path) -> Result<(), ConfigError> {
+    let Ok(mut entries) = std::fs::read_dir(m) else {
+        return Ok(());
+    };
+    if entries.next().is_some() {
+        return Err(ConfigError::Mountpoint(
+            m.to_path_buf(),
+            "is not empty: the mount would hide its files (SOURCE and MOUNTPOINT swapped?); \
+             --nonempty (-o nonempty) mounts over it anyway"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The FUSE device must open for this user (fusermount3 opens it with the caller's rights
+/// too): say what is wrong and how to fix it, before anything else is done.
+fn check_dev_fuse() -> Result<(), ConfigError> {
+    const DEV: &str = "/dev/fuse";
+    match std::fs::OpenOptions::new().read(true).write(true).open(DEV) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ConfigError::Invalid(format!(
+            "{DEV} does not exist: load the FUSE module (modprobe fuse), or in a container \
+             give it the device (docker run --device /dev/fuse)"
+        ))),
+        Err(e) if rustix::process::geteuid().is_root() => {
+            Err(ConfigError::Invalid(format!("cannot open {DEV}: {e}")))
+        }
+        Err(e) => Err(ConfigError::Invalid(format!(
+            "cannot open {DEV}: {e}; users other than root need read and write access to it: \
+             its mode is normally 0666 (as root: chmod 0666 /dev/fuse), or mount as root"
+        ))),
+    }
+}
+
 /// The cache directory used when none is given: one per source, under the user's cache
 /// home (`$XDG_CACHE_HOME/hoardfs`, `~/.cache/hoardfs`) or `/var/cache/hoardfs` for root.
 pub fn default_cache_dir(source: &Path) -> PathBuf {
@@ -304,22 +357,47 @@ pub fn default_cache_dir(source: &Path) -> PathBuf {
 
 impl Config {
     /// Checks paths and values, canonicalising the paths. Catches the layouts that would
-    /// make the mount recurse into itself or cache into its own source.
+    /// make the mount recurse into itself or cache into its own source, a mount point
+    /// whose files the mount would hide, and a `/dev/fuse` this user cannot open. Creates
+    /// the cache directory if needed, and removes what it created when it fails.
     pub fn validate(mut self) -> Result<Config, ConfigError> {
+        self.check_values()?;
         self.source = canonical_source(&self.source)?;
         self.mountpoint = canonical_dir(&self.mountpoint, ConfigError::Mountpoint)?;
-        if !self.cache_dir.exists() {
+        let created = first_missing(&self.cache_dir);
+        if created.is_some() {
             std::fs::create_dir_all(&self.cache_dir).map_err(|e| {
                 ConfigError::CacheDir(self.cache_dir.clone(), format!("cannot create: {e}"))
             })?;
         }
-        self.cache_dir = canonical_dir(&self.cache_dir, ConfigError::CacheDir)?;
-        if self.object_url().is_some() {
-            if self.offline_writes == OfflineWrites::Log {
-                return Err(ConfigError::Invalid(
-                    "offline_writes=log is not available for object-store sources yet".into(),
-                ));
+        let given = self.cache_dir.clone();
+        let checked = self.check_layout().and_then(|c| {
+            if !c.nonempty {
+                check_empty(&c.mountpoint)?;
             }
+            check_dev_fuse()?;
+            Ok(c)
+        });
+        checked.inspect_err(|_| {
+            // Leave no empty directory behind (only empty ones: remove_dir).
+            if let Some(top) = created {
+                for d in given.ancestors() {
+                    if std::fs::remove_dir(d).is_err() || d == top {
+                        break;
+                    }
+                }
+            }
+        })
+    }
+
+    /// `validate`'s checks of where the cache directory is (it exists by now).
+    fn check_layout(mut self) -> Result<Config, ConfigError> {
+        self.cache_dir = canonical_dir(&self.cache_dir, ConfigError::CacheDir)?;
+        use rustix::fs::Access;
+        rustix::fs::access(&self.cache_dir, Access::WRITE_OK | Access::EXEC_OK).map_err(|e| {
+            ConfigError::CacheDir(self.cache_dir.clone(), std::io::Error::from(e).to_string())
+        })?;
+        if self.object_url().is_some() {
             let (m, c) = (&self.mountpoint, &self.cache_dir);
             if c.starts_with(m) || m.starts_with(c) {
                 return Err(ConfigError::CacheDir(
@@ -330,7 +408,6 @@ impl Config {
                     ),
                 ));
             }
-            self.check_values()?;
             return Ok(self);
         }
         let (s, m, c) = (&self.source, &self.mountpoint, &self.cache_dir);
@@ -366,13 +443,17 @@ impl Config {
                 format!("must not be inside the source {}", s.display()),
             ));
         }
-        self.check_values()?;
         Ok(self)
     }
 
     /// The checks of `validate` that do not look at the file system (`hoardfs config
     /// check` runs them on a file meant for another machine).
     pub fn check_values(&self) -> Result<(), ConfigError> {
+        if self.object_url().is_some() && self.offline_writes == OfflineWrites::Log {
+            return Err(ConfigError::Invalid(
+                "offline_writes=log is not available for object-store sources yet".into(),
+            ));
+        }
         if !self.chunk_size.is_power_of_two() || self.chunk_size < 4096 {
             return Err(ConfigError::Invalid(format!(
                 "chunk size {} must be a power of two of at least 4 KiB",

@@ -106,6 +106,13 @@ pub const KEYS: &[(&str, Kind)] = &[
             off: Some("rw"),
         },
     ),
+    (
+        "nonempty",
+        Kind::Flag {
+            on: "nonempty",
+            off: None,
+        },
+    ),
     ("max_inodes", Kind::Value),
     ("foreground", Kind::Foreground),
     ("threads", Kind::Value),

@@ -14,10 +14,27 @@ pub const DEFAULT_FILTER: &str = "info";
 type Reloader = Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
 static RELOAD: OnceLock<Reloader> = OnceLock::new();
 
+const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+/// Parses a filter: a level, or `TARGET=LEVEL` directives (`EnvFilter` syntax), separated
+/// by commas. A bare word that is not a level is refused: `EnvFilter` would take it as a
+/// target name (`verbose` would log only a target of that name, i.e. nothing).
+pub fn parse_filter(spec: &str) -> Result<EnvFilter, String> {
+    for d in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if !d.contains(['=', '[']) && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d)) {
+            return Err(format!(
+                "{d:?} is not a level ({}) nor TARGET=LEVEL",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    EnvFilter::try_new(spec).map_err(|e| format!("{spec:?} is not a level nor a filter: {e}"))
+}
+
 /// Installs the subscriber and the panic hook. Call once, first thing in `main`.
 pub fn init() {
     let filter = match std::env::var("HOARDFS_LOG") {
-        Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+        Ok(spec) => parse_filter(&spec).unwrap_or_else(|e| {
             eprintln!("hoardfs: ignoring HOARDFS_LOG={spec:?}: {e}");
             EnvFilter::new(DEFAULT_FILTER)
         }),
@@ -47,9 +64,31 @@ pub fn init() {
 
 /// Replaces the filter of this process's log (`set log SPEC` on the control socket).
 pub fn set_filter(spec: &str) -> Result<(), String> {
-    let filter = EnvFilter::try_new(spec).map_err(|e| format!("log: {e}"))?;
+    let filter = parse_filter(spec).map_err(|e| format!("log: {e}"))?;
     let reload = RELOAD.get().ok_or("log: logging is not initialised")?;
     reload(filter)?;
     tracing::info!("log filter is now {spec:?}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_are_levels_or_directives() {
+        for ok in [
+            "info",
+            "DEBUG",
+            "off",
+            "hoardfs=debug",
+            "hoardfs::cleaner=trace,warn",
+            "",
+        ] {
+            assert!(parse_filter(ok).is_ok(), "{ok}");
+        }
+        for bad in ["verbose", "info,chatty", "hoardfs=loud", "hoardfs"] {
+            assert!(parse_filter(bad).is_err(), "{bad}");
+        }
+    }
 }

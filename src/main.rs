@@ -1,5 +1,6 @@
 //! `hoardfs`: thin entry point. Exit status 0 on success, 1 on any error (printed), 2 for
-//! bad usage (clap).
+//! bad usage: an unknown option, or a value no machine would accept (clap, `-o` and the
+//! config file's parsing, `Config::check_values`).
 
 use clap::Parser;
 use hoardfs::cli::{Cli, Command, ConfigAction};
@@ -54,7 +55,10 @@ fn main() {
             }
         },
         Some(Command::Generate { what }) => hoardfs::manpage::generate(what),
-        None => match cli.mount.into_config() {
+        None => match cli.mount.into_config().and_then(|cfg| {
+            cfg.check_values().map_err(|e| e.to_string())?;
+            Ok(cfg)
+        }) {
             Ok(cfg) => hoardfs::run::mount(cfg),
             Err(e) => {
                 eprintln!("hoardfs: {e}");

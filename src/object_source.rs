@@ -1477,38 +1477,15 @@ fn is_root(rel: &FsPath) -> bool {
     rel.components().all(|c| c == Component::CurDir)
 }
 
-/// RFC 7231 IMF-fixdate, as S3 sends Last-Modified ("Sun, 06 Nov 1994 08:49:37 GMT").
+/// RFC 7231 IMF-fixdate, as S3 sends Last-Modified ("Sun, 06 Nov 1994 08:49:37 GMT"): the
+/// RFC 2822 form with the zone written `GMT`.
 fn parse_http_date(s: &str) -> Option<SystemTime> {
-    let f: Vec<&str> = s.split_whitespace().collect();
-    if f.len() != 6 || f[5] != "GMT" {
+    if !s.trim_end().ends_with(" GMT") {
         return None;
     }
-    let day: u32 = f[1].parse().ok()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| *m == f[2])? as u32
-        + 1;
-    let year: i64 = f[3].parse().ok()?;
-    let hms: Vec<u32> = f[4].split(':').filter_map(|x| x.parse().ok()).collect();
-    if hms.len() != 3 {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm).
-    let (y, m) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * i64::from(m) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs =
-        days * 86_400 + i64::from(hms[0]) * 3600 + i64::from(hms[1]) * 60 + i64::from(hms[2]);
-    Some(chrono_time(secs, 0))
+    chrono::DateTime::parse_from_rfc2822(s)
+        .ok()
+        .map(SystemTime::from)
 }
 
 #[cfg(test)]
@@ -1836,6 +1813,12 @@ mod tests {
             Some(UNIX_EPOCH + Duration::from_secs(784_111_777))
         );
         assert_eq!(parse_http_date("yesterday"), None);
+        assert_eq!(parse_http_date("Sun, 06 Nov 1994 08:49:37 +0200"), None);
+        assert_eq!(parse_http_date("Sun, 06 Nov 1994 25:49:37 GMT"), None);
+        assert_eq!(
+            parse_http_date("Thu, 01 Jan 1970 00:00:00 GMT"),
+            Some(UNIX_EPOCH)
+        );
     }
 
     #[test]

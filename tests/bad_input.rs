@@ -167,12 +167,17 @@ fn invalid_invocations_get_clear_messages() {
                 o("--chunk-size"),
                 o("3000"),
             ],
-            1,
+            2,
+            "power of two",
+        ),
+        (
+            vec![p("src").into(), p("mnt").into(), o("--chunk-size"), o("3K")],
+            2,
             "power of two",
         ),
         (
             vec![p("src").into(), p("mnt").into(), o("--chunk-size"), o("1K")],
-            1,
+            2,
             "at least 4 KiB",
         ),
         (
@@ -182,7 +187,7 @@ fn invalid_invocations_get_clear_messages() {
                 o("--low-watermark"),
                 o("95"),
             ],
-            1,
+            2,
             "watermarks",
         ),
         (
@@ -202,8 +207,28 @@ fn invalid_invocations_get_clear_messages() {
         ),
         (
             vec![p("src").into(), p("mnt").into(), o("--threads"), o("0")],
-            1,
+            2,
             "threads",
+        ),
+        (
+            vec![p("src").into(), p("mnt").into(), o("-o"), o("threads=0")],
+            2,
+            "threads",
+        ),
+        (
+            vec![p("src").into(), p("mnt").into(), o("--max-inodes"), o("0")],
+            2,
+            "max_inodes",
+        ),
+        (
+            vec![
+                o("s3://bucket"),
+                p("mnt").into(),
+                o("--offline-writes"),
+                o("log"),
+            ],
+            2,
+            "not available for object-store sources",
         ),
         (
             vec![
@@ -222,6 +247,12 @@ fn invalid_invocations_get_clear_messages() {
         ),
     ];
     for (args, code, msg) in &cases {
+        let mut args = args.clone();
+        // A cache directory that does not exist yet (as the default one would not) where
+        // the case names none: a rejected invocation must leave none behind.
+        if !args.iter().any(|a| a == "--cache-dir") {
+            args.extend([o("--cache-dir"), p("fresh/cache").into()]);
+        }
         let refs: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
         let (got, err) = run(&refs);
         assert_eq!(got, *code, "{args:?}: {err}");
@@ -230,9 +261,211 @@ fn invalid_invocations_get_clear_messages() {
             err.lines().count() <= 6,
             "{args:?}: message too long: {err}"
         );
+        assert!(!p("fresh").exists(), "{args:?} left {:?}", p("fresh/cache"));
+        assert!(!p("c").exists(), "{args:?} left {:?}", p("c"));
     }
     // None of these mounted anything or wrote a cache into the source.
     assert!(!p("src/inner").join("FORMAT").exists());
+}
+
+/// A directory for the user nobody (65534) under a root-owned 0755 base, for the tests
+/// that run hoardfs as a user.
+fn nobody_dirs(dirs: &[&str]) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in dirs {
+        let p = d.path().join(dir);
+        fs::create_dir(&p).unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    d
+}
+
+/// The default cache directory of a user (under XDG_CACHE_HOME) is not made by an
+/// invocation that is then rejected.
+#[test]
+fn a_rejected_invocation_leaves_no_default_cache_directory() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root to run as another user");
+        return;
+    }
+    let d = nobody_dirs(&["src", "mnt", "xdg", "home"]);
+    let b = fs::canonicalize(d.path()).unwrap();
+    for bad in [["--chunk-size", "3K"], ["--threads", "0"]] {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(BIN)
+            .arg(b.join("src"))
+            .arg(b.join("mnt"))
+            .args(bad)
+            .arg("-f")
+            .env("XDG_CACHE_HOME", b.join("xdg"))
+            .env("HOME", b.join("home"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        let left: Vec<_> = fs::read_dir(b.join("xdg"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(left.is_empty(), "{bad:?} left {left:?}");
+    }
+}
+
+/// `hoardfs EMPTYDIR DATADIR` (arguments swapped) would hide DATADIR under the mount:
+/// refused unless `--nonempty` / `-o nonempty`.
+#[test]
+fn a_non_empty_mount_point_is_refused_unless_nonempty() {
+    let mut t = TestMount::unmounted_at("data", &[]);
+    fs::write(t.mnt.join("precious"), b"mine").unwrap();
+    // Without -f: if it mounted (the bug), it returns and the guard below unmounts.
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if common::is_mounted(self.0) {
+                let _ = Command::new("umount").arg(self.0).status();
+            }
+        }
+    }
+    let _guard = Unmount(&t.mnt);
+    let out = Command::new(BIN)
+        .arg(&t.src)
+        .arg(&t.mnt)
+        .arg("--cache-dir")
+        .arg(&t.cache)
+        .env("HOARDFS_LOG", "error")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!common::is_mounted(&t.mnt), "mounted over a non-empty dir");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is not empty") && err.contains("--nonempty"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!t.cache.exists(), "a cache was made for a refused mount");
+    assert_eq!(fs::read(t.mnt.join("precious")).unwrap(), b"mine");
+    drop(_guard);
+    // Asked for, it mounts over it (and the file is hidden while mounted).
+    t.extra_args = vec!["-o".into(), "nonempty".into()];
+    fs::write(t.src.join("from-source"), b"x").unwrap();
+    t.mount();
+    assert!(!t.mnt.join("precious").exists());
+    assert!(t.mnt.join("from-source").exists());
+    t.unmount();
+    assert_eq!(fs::read(t.mnt.join("precious")).unwrap(), b"mine");
+}
+
+/// A user who may not open /dev/fuse is told so once, with the fix.
+#[test]
+fn no_access_to_dev_fuse_is_explained_once() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root to run as another user");
+        return;
+    }
+    let d = nobody_dirs(&["src", "mnt", "cache"]);
+    let b = fs::canonicalize(d.path()).unwrap();
+    // /dev/fuse as a file only root may open, in a mount namespace of this test's own
+    // (the machine's may well be 0666).
+    let fake = b.join("fuse");
+    fs::write(&fake, b"").unwrap();
+    let script = r#"mount --bind "$1" /dev/fuse && shift && exec setpriv --reuid=65534 --regid=65534 --clear-groups "$@""#;
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(&fake)
+        .arg(BIN)
+        .arg(b.join("src"))
+        .arg(b.join("mnt"))
+        .arg("--cache-dir")
+        .arg(b.join("cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("/dev/fuse") && err.contains("Permission denied"),
+        "{err}"
+    );
+    assert!(err.contains("chmod 0666 /dev/fuse"), "the fix: {err}");
+    assert!(!common::is_mounted(&b.join("mnt")));
+}
+
+/// `hoardfs set MNT log=…` takes a level or a filter, nothing else (a bare word would be
+/// a target name and silence the whole log).
+#[test]
+fn set_log_rejects_what_is_not_a_level_or_filter() {
+    let t = TestMount::new(&[]);
+    let set = |v: &str| {
+        Command::new(BIN)
+            .args(["set", t.mnt.to_str().unwrap(), v])
+            .output()
+            .unwrap()
+    };
+    for bad in ["log=verbose", "log=hoardfs=loud", "log=info,chatty"] {
+        let out = set(bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad} accepted");
+        assert!(err.contains("not a level"), "{bad}: {err}");
+    }
+    for good in [
+        "log=debug",
+        "log=WARN",
+        "log=hoardfs::cleaner=debug,info",
+        "log=off",
+        "log=info",
+    ] {
+        let out = set(good);
+        assert!(out.status.success(), "{good}: {out:?}");
+    }
+}
+
+#[test]
+fn generate_is_listed_and_writes_man_pages_with_option_values() {
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("generate"), "{help}");
+    let d = tempfile::tempdir().unwrap();
+    // A directory that does not exist is refused, not made.
+    let missing = d.path().join("no/such/dir");
+    let out = Command::new(BIN)
+        .args(["generate", "man"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!d.path().join("no").exists());
+    let out = Command::new(BIN)
+        .args(["generate", "man"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let page = fs::read_to_string(d.path().join("hoardfs.1")).unwrap();
+    let synopsis = &page[page.find(".SH SYNOPSIS").unwrap()..page.find(".SH DESCRIPTION").unwrap()];
+    for want in [
+        r"[\-\-cache\-dir CACHE_DIR]",
+        r"[\-o OPTIONS]",
+        r"[\-\-threads THREADS]",
+        "SOURCE MOUNTPOINT",
+    ] {
+        assert!(synopsis.contains(want), "{want:?} not in {synopsis}");
+    }
+    let clean = fs::read_to_string(d.path().join("hoardfs-clean.1")).unwrap();
+    assert!(clean.contains(r"[\-\-to SIZE] MOUNTPOINT"), "{clean}");
 }
 
 #[test]

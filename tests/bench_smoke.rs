@@ -4,8 +4,10 @@
 //! --quick` does the same for an S3 bucket (versitygw; hoardfs, rclone, s3fs). Its numbers are
 //! not checked: timing belongs to the full suite, not to tests.
 //!
-//! Needs root and the packages `.ci/run` installs; `HOARDFS_SKIP_BENCH_SMOKE=1` skips it
-//! on a developer's machine (it takes a few minutes and a release build).
+//! Not part of `cargo test`: `bench/run` installs packages (apt), builds a release binary,
+//! drops the page cache and takes several minutes. `.ci/run` runs it as its own step, as
+//! `cargo test --test bench_smoke -- --ignored` (root, with a timeout). Its scratch goes to
+//! a work directory under a temporary one in /var/tmp, which `bench/run` removes.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,15 +16,18 @@ use std::sync::Mutex;
 /// One bench run at a time: each drops the page cache and tears down its work directory.
 static ONE_RUN: Mutex<()> = Mutex::new(());
 
-/// Runs `bench/run ARGS` with its work directory at `work` and returns its report, or
-/// `None` when skipped. Fails if the run fails, writes no report, or leaves a mount.
-fn quick_report(args: &[&str], work: &str) -> Option<String> {
-    if std::env::var_os("HOARDFS_SKIP_BENCH_SMOKE").is_some() {
-        eprintln!("bench smoke run skipped (HOARDFS_SKIP_BENCH_SMOKE)");
-        return None;
-    }
+/// Runs `bench/run ARGS` with a new work directory and returns its report. Fails if the
+/// run fails, writes no report, leaves a mount or leaves its work directory.
+fn quick_report(args: &[&str]) -> String {
     let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     let results = tempfile::tempdir().unwrap();
+    // On disk (as the benchmark wants), not tmpfs; bench/run makes `work` and removes it.
+    let scratch = tempfile::Builder::new()
+        .prefix("hoardfs-bench-smoke")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let work = scratch.path().join("work");
+    let work = work.to_str().unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(repo.join("bench/run"))
         .args(args)
@@ -40,18 +45,22 @@ fn quick_report(args: &[&str], work: &str) -> Option<String> {
         .unwrap_or_else(|| panic!("no report written:\n{log}"));
     // Nothing left mounted or set up.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    if mounts.contains(&format!("{work}/")) {
+        // Never let the TempDir's removal walk into a mount.
+        let kept = scratch.keep();
+        panic!("left mounted under {}:\n{mounts}", kept.display());
+    }
     assert!(
-        !mounts.contains(&format!("{work}/")),
-        "left mounted:\n{mounts}"
+        !Path::new(work).exists(),
+        "bench/run left its work directory {work}"
     );
-    Some(std::fs::read_to_string(&report).unwrap())
+    std::fs::read_to_string(&report).unwrap()
 }
 
 #[test]
+#[ignore = "installs packages and takes minutes: .ci/run runs it (--ignored)"]
 fn bench_quick_runs_every_workload_and_reports() {
-    let Some(text) = quick_report(&["--quick"], "/var/tmp/hoardfs-bench-smoke") else {
-        return;
-    };
+    let text = quick_report(&["--quick"]);
     for heading in [
         "## W1:", "## W2:", "## W3:", "## W4:", "## W5:", "## W6:", "## W7:", "## W8:",
     ] {
@@ -65,11 +74,9 @@ fn bench_quick_runs_every_workload_and_reports() {
 
 /// `bench/run --s3 --quick`: the object-store benchmark on versitygw, every system.
 #[test]
+#[ignore = "installs packages and takes minutes: .ci/run runs it (--ignored)"]
 fn bench_s3_quick_runs_every_system_and_reports() {
-    let work = "/var/tmp/hoardfs-bench-smoke-s3";
-    let Some(text) = quick_report(&["--s3", "--quick"], work) else {
-        return;
-    };
+    let text = quick_report(&["--s3", "--quick"]);
     for row in [
         "| download to a file, 1 stream |",
         "| hoardfs | cold |",

@@ -11,20 +11,11 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{BIN, TestMount};
+use common::{BIN, TestMount, wait_until};
 
 /// Polls `cond` for up to `limit`, returning how long it took to hold.
-fn within(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    t.elapsed()
-}
-
 const ONE_SECOND: Duration = Duration::from_secs(1);
 
 fn names(dir: &Path) -> Vec<String> {
@@ -69,12 +60,12 @@ fn changes_behind_the_mount_show_within_a_second_despite_long_ttls() {
             .unwrap();
         f.write_all(b"version two, longer").unwrap();
     }
-    let took = within(ONE_SECOND, "new size via stat", || {
+    let took = wait_until(ONE_SECOND, "new size via stat", || {
         fs::metadata(t.m("d/f")).unwrap().len() == 19
     });
     eprintln!("size change seen after {took:?}");
     assert_eq!(fs::read(t.m("d/f")).unwrap(), b"version two, longer");
-    within(ONE_SECOND, "new data through the old handle", || {
+    wait_until(ONE_SECOND, "new data through the old handle", || {
         let n = held.read_at(&mut buf, 0).unwrap();
         &buf[..n] == b"version two, longer"
     });
@@ -86,7 +77,7 @@ fn changes_behind_the_mount_show_within_a_second_despite_long_ttls() {
         .unwrap()
         .set_len(7)
         .unwrap();
-    within(ONE_SECOND, "truncation", || {
+    wait_until(ONE_SECOND, "truncation", || {
         fs::metadata(t.m("d/f")).unwrap().len() == 7
     });
     assert_eq!(fs::read(t.m("d/f")).unwrap(), b"version");
@@ -95,10 +86,10 @@ fn changes_behind_the_mount_show_within_a_second_despite_long_ttls() {
     fs::rename(t.s("d/f"), t.s("d/renamed")).unwrap();
     fs::remove_file(t.s("d/gone")).unwrap();
     fs::write(t.s("d/later"), b"new").unwrap();
-    within(ONE_SECOND, "listing after rename, delete, create", || {
+    wait_until(ONE_SECOND, "listing after rename, delete, create", || {
         names(&t.m("d")) == ["later", "renamed"]
     });
-    within(ONE_SECOND, "old names gone", || {
+    wait_until(ONE_SECOND, "old names gone", || {
         fs::metadata(t.m("d/f")).is_err() && fs::metadata(t.m("d/gone")).is_err()
     });
     assert_eq!(fs::read(t.m("d/renamed")).unwrap(), b"version");
@@ -112,7 +103,7 @@ fn changes_behind_the_mount_show_within_a_second_despite_long_ttls() {
     fs::write(t.s("d/sub/x"), b"inside").unwrap();
     assert_eq!(fs::read(t.m("d/sub/x")).unwrap(), b"inside");
     fs::rename(t.s("d/sub"), t.s("moved")).unwrap();
-    within(ONE_SECOND, "moved directory", || {
+    wait_until(ONE_SECOND, "moved directory", || {
         fs::read(t.m("moved/x")).is_ok_and(|d| d == b"inside") && !t.m("d/sub").exists()
     });
 
@@ -214,7 +205,7 @@ fn without_a_watcher_leases_revalidate_open_files() {
         .unwrap()
         .write_all(b"NEW")
         .unwrap();
-    within(Duration::from_secs(3), "lease expiry revalidates", || {
+    wait_until(Duration::from_secs(3), "lease expiry revalidates", || {
         held.seek(SeekFrom::Start(0)).unwrap();
         let mut s = String::new();
         held.read_to_string(&mut s).unwrap();
@@ -297,7 +288,7 @@ fn two_mounts_see_each_others_writes_and_locks() {
         Some(libc::EWOULDBLOCK)
     );
     drop(fa); // closing releases the flock
-    within(ONE_SECOND, "flock released on close", || {
+    wait_until(ONE_SECOND, "flock released on close", || {
         flock(&fb, libc::LOCK_EX | libc::LOCK_NB) == 0
     });
     assert_eq!(flock(&fb, libc::LOCK_UN), 0);

@@ -9,8 +9,9 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Barrier};
+use std::time::Duration;
 
-use common::{TestMount, pattern};
+use common::{TestMount, pattern, wait_until};
 use hoardfs::cache::CacheRecord;
 
 const MIB: usize = 1 << 20;
@@ -51,9 +52,11 @@ fn concurrent_readers_of_a_cold_file_fetch_it_once() {
             "{name}: fetched once ({s:?})"
         );
         // Durable at the last release, which the kernel sends after close(2) returned.
-        eventually(&format!("{name} ends fully cached"), || {
-            record(&t, name).is_complete()
-        });
+        wait_until(
+            Duration::from_secs(20),
+            &format!("{name} ends fully cached"),
+            || record(&t, name).is_complete(),
+        );
     }
 }
 
@@ -216,15 +219,6 @@ fn cached_whole(t: &TestMount, rel: &str) -> bool {
         .is_some_and(|r| r.is_complete())
 }
 
-/// Polls `cond` for up to 20 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 /// A directory of small files: (name, bytes), in no particular order.
 fn small_files(t: &TestMount, dir: &str, n: usize) -> Vec<(String, Vec<u8>)> {
     fs::create_dir(t.s(dir)).unwrap();
@@ -255,9 +249,11 @@ fn opening_a_directorys_first_files_fetches_the_next_ones_ahead() {
     // The window is 2 files after the first open and 4 after the second: the next four
     // end up cached without being opened.
     for name in &order[2..6] {
-        eventually(&format!("d/{name} fetched ahead"), || {
-            cached_whole(&t, &format!("d/{name}"))
-        });
+        wait_until(
+            Duration::from_secs(20),
+            &format!("d/{name} fetched ahead"),
+            || cached_whole(&t, &format!("d/{name}")),
+        );
     }
     let s = t.stats().cache;
     assert!(s.dir_prefetch_files >= 4, "{s:?}");
@@ -285,7 +281,7 @@ fn opening_a_directorys_first_files_fetches_the_next_ones_ahead() {
     assert!(s.dir_prefetch_files >= 30, "the prefetch kept ahead: {s:?}");
     assert!(s.dir_prefetch_hits >= 30, "{s:?}");
     for name in &order {
-        eventually(&format!("d/{name} cached"), || {
+        wait_until(Duration::from_secs(20), &format!("d/{name} cached"), || {
             cached_whole(&t, &format!("d/{name}"))
         });
     }
@@ -308,9 +304,11 @@ fn a_file_changed_after_it_was_prefetched_is_read_new() {
         assert!(fs::read(t.m(&format!("d/{name}"))).unwrap() == old);
     }
     for name in &order[2..] {
-        eventually(&format!("d/{name} fetched ahead"), || {
-            cached_whole(&t, &format!("d/{name}"))
-        });
+        wait_until(
+            Duration::from_secs(20),
+            &format!("d/{name} fetched ahead"),
+            || cached_whole(&t, &format!("d/{name}")),
+        );
     }
     let cached = fs::read(t.c(&format!("d/{victim}"))).unwrap();
     assert!(cached == fs::read(t.s(&format!("d/{victim}"))).unwrap());
@@ -333,7 +331,7 @@ fn a_file_changed_after_it_was_prefetched_is_read_new() {
         "only the changed file was fetched again"
     );
     // Durable at its last close (the release comes after close(2) returned).
-    eventually("the new version cached", || {
+    wait_until(Duration::from_secs(20), "the new version cached", || {
         cached_whole(&t, &format!("d/{victim}"))
     });
     assert!(fs::read(t.c(&format!("d/{victim}"))).unwrap() == new);

@@ -40,15 +40,7 @@ fn table(t: &TestMount) -> InodeSnapshot {
 
 /// Waits until `ok` holds for the table, or fails with the last snapshot.
 fn wait_for(t: &TestMount, what: &str, ok: impl Fn(&InodeSnapshot) -> bool) -> InodeSnapshot {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let s = table(t);
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}: {s:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::wait_for_value(Duration::from_secs(15), what, || table(t), ok)
 }
 
 fn set(t: &TestMount, kv: &str) {

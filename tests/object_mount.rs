@@ -10,7 +10,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{TestMount, pattern};
+use common::{TestMount, pattern, wait_until};
 use hoardfs::object_source::{ObjKind, ObjMeta, ObjectSource, ObjectUrl};
 use s3::{ACCESS_KEY, SECRET_KEY, Versity};
 
@@ -58,14 +58,6 @@ fn mount(v: &Versity, args: &[&str]) -> TestMount {
     let mut m = unmounted(v, &format!("s3://{BUCKET}"), args);
     m.mount();
     m
-}
-
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -401,9 +393,11 @@ fn a_file_closed_through_one_mount_is_read_by_another_on_its_next_open() {
         b"version 3!!, longer"
     );
     std::fs::write(a.m("fresh.txt"), b"new").unwrap();
-    wait_for("the new name in the other mount", || {
-        std::fs::read(b.m("fresh.txt")).is_ok_and(|d| d == b"new")
-    });
+    wait_until(
+        Duration::from_secs(30),
+        "the new name in the other mount",
+        || std::fs::read(b.m("fresh.txt")).is_ok_and(|d| d == b"new"),
+    );
 }
 
 #[test]
@@ -416,7 +410,7 @@ fn a_stopped_server_leaves_the_cache_readable_and_the_mount_comes_back() {
     assert_eq!(std::fs::read(m.m("dir/cached.txt")).unwrap(), b"cached");
     drop(c);
     v.stop();
-    wait_for("offline", || {
+    wait_until(Duration::from_secs(30), "offline", || {
         // Any request that reaches the dead server takes the mount offline.
         let _ = std::fs::read(m.m("dir/uncached.txt"));
         !m.stats().health.online
@@ -437,7 +431,9 @@ fn a_stopped_server_leaves_the_cache_readable_and_the_mount_comes_back() {
         Some(libc::EROFS)
     );
     v.restart();
-    wait_for("online again", || m.stats().health.online);
+    wait_until(Duration::from_secs(30), "online again", || {
+        m.stats().health.online
+    });
     assert_eq!(
         std::fs::read(m.m("dir/uncached.txt")).unwrap(),
         b"never read"

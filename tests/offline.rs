@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{BIN, TestMount, is_mounted};
+use common::{BIN, TestMount, is_mounted, wait_until};
 
 /// One line per object of the tree under `root` (sorted per directory), as `describe`
 /// puts it given the relative path, the `lstat` and the object's contents (the link target,
@@ -76,14 +76,6 @@ fn hoardfs(args: &[&str], path: &Path) -> std::process::Output {
 
 fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
-}
-
-fn within(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -183,7 +175,7 @@ impl FuseSource {
             .spawn()
             .expect("bindfs (apt-get install bindfs)");
         self.child = Some(child);
-        within(Duration::from_secs(10), "bindfs mounted", || {
+        wait_until(Duration::from_secs(10), "bindfs mounted", || {
             fs::read_to_string("/proc/self/mountinfo")
                 .unwrap()
                 .lines()
@@ -244,7 +236,7 @@ impl TestMountOver {
             .args(extra)
             .spawn()
             .unwrap();
-        within(Duration::from_secs(10), "hoardfs mounted", || {
+        wait_until(Duration::from_secs(10), "hoardfs mounted", || {
             is_mounted(mnt) && hoardfs::control::request_stats(mnt).is_ok()
         });
         TestMountOver {
@@ -298,7 +290,7 @@ fn a_hung_source_never_wedges_the_mount() {
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 
     source.signal(libc::SIGCONT);
-    within(Duration::from_secs(10), "back online by itself", || {
+    wait_until(Duration::from_secs(10), "back online by itself", || {
         m.online()
     });
     assert_eq!(fs::read(m.m("uncached")).unwrap(), b"not warmed");
@@ -323,7 +315,7 @@ fn a_dead_source_goes_offline_and_a_restarted_one_is_taken_up_again() {
     )
     .unwrap();
     source.spawn();
-    within(Duration::from_secs(10), "back online by itself", || {
+    wait_until(Duration::from_secs(10), "back online by itself", || {
         m.online()
     });
     assert_eq!(
@@ -576,14 +568,14 @@ fn a_crash_during_replay_loses_and_repeats_nothing() {
         // kills the daemon after the k-th.
         t.extra_args = vec!["--offline-writes".into(), "log".into()];
         t.mount();
-        within(Duration::from_secs(10), "the failpoint fired", || {
+        wait_until(Duration::from_secs(10), "the failpoint fired", || {
             fs::read_to_string("/proc/self/mountinfo").is_ok()
                 && hoardfs::control::request_stats(&t.mnt).is_err()
         });
         t.crash();
         t.env.clear();
         t.mount();
-        within(
+        wait_until(
             Duration::from_secs(10),
             "replay resumed and finished",
             || {
@@ -612,14 +604,14 @@ fn a_dead_source_comes_back_and_gets_the_changes_made_while_it_was_away() {
     offline_edits(&expected);
 
     source.kill();
-    within(Duration::from_secs(10), "offline", || {
+    wait_until(Duration::from_secs(10), "offline", || {
         let _ = fs::read(m.m("uncached"));
         !m.online()
     });
     offline_edits(&m.mnt);
     assert_eq!(shape(&m.m("hoard")), shape(&expected.join("hoard")));
     source.spawn();
-    within(
+    wait_until(
         Duration::from_secs(10),
         "back online, the changes replayed",
         || m.online(),
@@ -818,7 +810,7 @@ fn a_share_not_mounted_at_start_means_an_offline_start_until_it_is() {
         "nothing written there"
     );
     source.spawn();
-    within(
+    wait_until(
         Duration::from_secs(10),
         "online once the share is mounted",
         || m.online(),
@@ -848,7 +840,7 @@ fn a_dead_share_at_start_means_an_offline_start_until_it_is_back() {
     assert_eq!(snapshot(&m.m("hoard")), before);
     let _ = Command::new("umount").arg("-l").arg(&src).status();
     source.spawn();
-    within(
+    wait_until(
         Duration::from_secs(10),
         "online once the share is back",
         || m.online(),

@@ -73,18 +73,12 @@ fn os_errno(e: &io::Error) -> Option<i32> {
 
 /// `YYYYmmdd-HHMMSS` (UTC) of `secs`.
 fn stamp(secs: u64) -> String {
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    let t = secs as libc::time_t;
-    unsafe { libc::gmtime_r(&t, &mut tm) };
-    format!(
-        "{:04}{:02}{:02}-{:02}{:02}{:02}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
+    i64::try_from(secs)
+        .ok()
+        .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+        .unwrap_or_default()
+        .format("%Y%m%d-%H%M%S")
+        .to_string()
 }
 
 /// `dir/NAME.hoardfs-conflict-STAMP-SEQ` for `path`.
@@ -1323,5 +1317,16 @@ fn rename(r: &crate::source::BeneathRoot, from: &Path, to: &Path, flags: u32) ->
             }
         }
         r => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_are_utc() {
+        assert_eq!(stamp(0), "19700101-000000");
+        assert_eq!(stamp(784_111_777), "19941106-084937");
     }
 }

@@ -234,20 +234,70 @@ impl TestMount {
     }
 }
 
+/// A test that ends with its mount still in use (a file left open in it, a process inside
+/// it) or whose daemon does not exit after the unmount fails: the mount is taken down
+/// anyway (kill, lazy unmount), so that nothing is left behind either way.
 impl Drop for TestMount {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("umount").arg(&self.mnt).status();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            if is_mounted(&self.mnt) {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let unmounted = Command::new("umount")
+            .arg(&self.mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
         }
+        let exited = child.try_wait().ok().flatten().is_some();
+        let _ = child.kill();
+        let _ = child.wait();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if !std::thread::panicking() {
+            assert!(
+                unmounted,
+                "{} was still in use at the end of the test (umount failed)",
+                self.mnt.display()
+            );
+            assert!(
+                exited,
+                "the daemon of {} did not exit within 5 s of its unmount",
+                self.mnt.display()
+            );
+        }
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds and returns how long that took; fails the test
+/// with `what` once `limit` has passed. The one polling loop of the tests.
+pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.elapsed()
+}
+
+/// `wait_until` for a value: polls `get` until `ok` holds for what it returns, and returns
+/// that; the failure shows the last value.
+pub fn wait_for_value<T: std::fmt::Debug>(
+    limit: Duration,
+    what: &str,
+    mut get: impl FnMut() -> T,
+    ok: impl Fn(&T) -> bool,
+) -> T {
+    let t = Instant::now();
+    loop {
+        let v = get();
+        if ok(&v) {
+            return v;
+        }
+        assert!(t.elapsed() < limit, "not within {limit:?}: {what}: {v:?}");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
