@@ -180,30 +180,24 @@ fn stop_second(mut child: Child, mnt: &Path) {
 
 #[test]
 fn a_mount_point_left_by_a_killed_daemon_is_mounted_again_without_a_hand() {
-    let m = TestMount::new(&[]);
+    let mut m = TestMount::new(&[]);
     std::fs::write(m.s("f"), b"one").unwrap();
     assert_eq!(std::fs::read(m.m("f")).unwrap(), b"one");
-    let pid = m.pid();
     // kill -9 without clearing the mount: the mount point is left dead (ENOTCONN).
-    Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    wait_for(20, "the daemon to die", || {
-        !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z "))
-    });
+    let mut old = m.kill_only();
+    old.wait().unwrap();
     let child = take_over(&m);
     stop_second(child, &m.mnt);
 }
 
 #[test]
 fn a_mount_point_of_a_hung_daemon_is_taken_over() {
-    let m = TestMount::new(&[]);
+    let mut m = TestMount::new(&[]);
     std::fs::write(m.s("f"), b"one").unwrap();
     assert_eq!(std::fs::read(m.m("f")).unwrap(), b"one");
     let pid = m.pid().to_string();
+    // Ended by `Resume` below: the old mount is gone by then.
+    let mut old = m.take_daemon();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
     struct Resume(String);
     impl Drop for Resume {
@@ -224,6 +218,7 @@ fn a_mount_point_of_a_hung_daemon_is_taken_over() {
     );
     stop_second(child, &m.mnt);
     drop(resume);
+    old.wait().unwrap();
 }
 
 #[test]

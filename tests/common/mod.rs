@@ -208,6 +208,11 @@ impl TestMount {
         child
     }
 
+    /// Takes the daemon's process out of this mount's care: the caller ends it.
+    pub fn take_daemon(&mut self) -> Child {
+        self.child.take().expect("not mounted")
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
