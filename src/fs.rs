@@ -1178,7 +1178,8 @@ impl CachingFs {
 
     pub fn opendir(&self, id: u64) -> Result<u64> {
         let inode = self.inode(id)?;
-        let path = inode.path().ok_or(Errno::ENOENT)?;
+        // As in `open`: the kernel looks the name up again.
+        let path = inode.path().ok_or(Errno::ESTALE)?;
         let offline = |path: &Path| {
             let list = self.offline_dir_list(id, path)?;
             let fh = self.new_fh();
@@ -1416,7 +1417,11 @@ impl CachingFs {
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let inode = self.inode(id)?;
-        let path = inode.path().ok_or(Errno::ENOENT)?;
+        // A node whose name is gone (unlinked, or replaced by a rename over it behind the
+        // mount) while the kernel still had its dentry: ESTALE makes the kernel look the
+        // name up again and retry the open (`do_filp_open`, LOOKUP_REVAL), which then opens
+        // what the name is now, or fails with ENOENT if nothing is.
+        let path = inode.path().ok_or(Errno::ESTALE)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let offline = || {
             if writable || flags & libc::O_TRUNC != 0 {

@@ -366,3 +366,122 @@ fn listings_begun_after_a_change_through_the_mount_show_it_under_concurrent_list
         );
     }
 }
+
+/// Unmounts a loop-mounted source at drop (after the hoardfs mount over it is gone).
+struct LoopMount(std::path::PathBuf);
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A file deleted behind the mount whose inode number the source gives to a new file: the
+/// new file gets a node of its own, never the old file's attributes or pages in the kernel.
+/// The source is a small ext4 with 16 inodes, which hands a freed inode number to the next
+/// file at once.
+#[test]
+fn a_reused_inode_number_never_serves_the_old_files_bytes() {
+    use std::os::unix::fs::MetadataExt;
+    use std::process::Command;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root (loop mount)");
+        return;
+    }
+    for args in [&[][..], &["--watch", "off"][..]] {
+        let mut t = TestMount::unmounted_at("mnt", args);
+        let img = t.base().join("img");
+        fs::File::create(&img).unwrap().set_len(8 << 20).unwrap();
+        // Under a timeout: mkfs scans the mounts, and a stuck one elsewhere must not hang us.
+        let st = Command::new("timeout")
+            .args(["60", "mkfs.ext4", "-q", "-F", "-N", "16"])
+            .arg(&img)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mkfs.ext4: {st}");
+        let st = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&t.src)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -o loop: {st}");
+        let _loop = LoopMount(t.src.clone());
+        t.mount();
+        let mut reused = 0;
+        for round in 0..5 {
+            let (a, b) = (format!("a{round}"), format!("b{round}"));
+            let old = vec![b'o'; 12288];
+            fs::write(t.s(&a), &old).unwrap();
+            let ino = fs::metadata(t.s(&a)).unwrap().ino();
+            assert_eq!(fs::read(t.m(&a)).unwrap(), old);
+            // The daemon lets go of a's source descriptors once the release arrives.
+            std::thread::sleep(Duration::from_millis(300));
+            // Behind the mount: delete a, then create b, which gets a's inode number.
+            fs::remove_file(t.s(&a)).unwrap();
+            let new = vec![b'n'; 8192];
+            fs::write(t.s(&b), &new).unwrap();
+            if fs::metadata(t.s(&b)).unwrap().ino() != ino {
+                fs::remove_file(t.s(&b)).unwrap();
+                continue;
+            }
+            reused += 1;
+            let got = fs::read(t.m(&b)).unwrap();
+            assert!(
+                got == new,
+                "{args:?} round {round}: {} bytes of {:?}, not b's",
+                got.len(),
+                got.first()
+            );
+            assert_eq!(fs::metadata(t.m(&b)).unwrap().len(), 8192);
+            fs::remove_file(t.s(&b)).unwrap();
+        }
+        assert!(
+            reused > 0,
+            "the source never reused an inode number: nothing tested"
+        );
+        t.unmount();
+    }
+}
+
+/// A file replaced by a rename over it behind the mount, opened through the mount while
+/// the kernel still holds the old name's node: the open finds the new file (the daemon
+/// answers ESTALE for a node whose name is gone, and the kernel looks the name up again),
+/// never ENOENT for a name that always existed.
+#[test]
+fn opens_racing_a_rename_over_behind_the_mount_find_the_new_file() {
+    for args in [&[][..], &["--watch", "off"][..]] {
+        let t = TestMount::new(args);
+        fs::write(t.s("f"), b"v0").unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opener = {
+            let (p, stop) = (t.m("f"), stop.clone());
+            std::thread::spawn(move || {
+                let (mut n, mut failed) = (0u64, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    match fs::read(&p) {
+                        Ok(b) if b.starts_with(b"v") => {}
+                        Ok(b) => failed.push(format!("{b:?}")),
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (n, failed)
+            })
+        };
+        for v in 1..300 {
+            let tmp = t.s(".tmp");
+            fs::write(&tmp, format!("v{v}")).unwrap();
+            fs::rename(&tmp, t.s("f")).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (n, failed) = opener.join().unwrap();
+        assert!(
+            failed.is_empty(),
+            "{args:?}: {} of {n} opens failed, e.g. {:?}",
+            failed.len(),
+            &failed[..failed.len().min(3)]
+        );
+    }
+}
