@@ -21,6 +21,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheRecord;
+use crate::source::BeneathRoot;
+
+/// The pins file in the cache root.
+const PINS: &str = "pins";
 
 /// What `hoardfs stats` shows of the cleaner.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -189,20 +193,20 @@ impl Usage {
 /// `CACHE_DIR/pins`, one source-relative path per line; a directory pins its subtree.
 #[derive(Debug)]
 pub struct Pins {
-    file: PathBuf,
+    /// The cache root, beneath which `pins` is read and replaced.
+    root: Arc<BeneathRoot>,
     set: Mutex<BTreeSet<PathBuf>>,
 }
 
 impl Pins {
-    pub fn load(cache_root: &Path) -> std::io::Result<Pins> {
-        let file = cache_root.join("pins");
-        let set = match std::fs::read(&file) {
+    pub fn load(root: Arc<BeneathRoot>) -> std::io::Result<Pins> {
+        let set = match crate::cache::store::read_small_file(&root, Path::new(PINS)) {
             Ok(bytes) => Self::parse(&bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
             Err(e) => return Err(e),
         };
         Ok(Pins {
-            file,
+            root,
             set: Mutex::new(set),
         })
     }
@@ -260,50 +264,88 @@ impl Pins {
         };
         if changed {
             let text = Self::serialize(set.iter());
-            let tmp = self.file.with_extension("tmp");
-            std::fs::write(&tmp, text)?;
-            std::fs::File::open(&tmp)?.sync_all()?;
-            std::fs::rename(&tmp, &self.file)?;
+            crate::cache::store::replace_file(&self.root, Path::new(PINS), &text)?;
         }
         Ok(())
     }
 }
 
+/// The cache's record and data trees, for the cleaner's scans.
+#[derive(Clone, Debug)]
+pub struct Trees {
+    pub meta: Arc<BeneathRoot>,
+    pub data: Arc<BeneathRoot>,
+}
+
+/// What a scan found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Every eviction unit.
+    pub units: Vec<CachedFile>,
+    /// Bytes all data files occupy: the cache's true usage (chunks of an open file are on
+    /// disk before its record says so).
+    pub on_disk: u64,
+    /// Records (cached files).
+    pub files: u64,
+}
+
 /// Walks the record tree: every cached file (or, for files larger than `chunked_above`,
-/// every present chunk) with its last use and its disk usage. Symlinks in the cache are
-/// never followed. Also returns the bytes all data files occupy: the cache's true usage
-/// (chunks of an open file are on disk before its record says so).
-pub fn scan(cache_root: &Path, pins: &Pins, chunked_above: u64) -> (Vec<CachedFile>, u64) {
-    fn walk(
-        meta_root: &Path,
-        data_root: &Path,
-        rel: &Path,
-        pins: &Pins,
-        chunked_above: u64,
-        out: &mut (Vec<CachedFile>, u64),
-    ) {
-        let Ok(rd) = std::fs::read_dir(meta_root.join(rel)) else {
+/// every present chunk) with its last use and its disk usage. Everything is reached
+/// beneath the trees' roots; symlinks in the cache are never followed.
+pub fn scan(trees: &Trees, pins: &Pins, chunked_above: u64) -> Scan {
+    use rustix::fs::{FileType, OFlags};
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    fn walk(trees: &Trees, rel: &Path, pins: &Pins, chunked_above: u64, out: &mut Scan) {
+        let Ok(fd) = trees
+            .meta
+            .openat(rel, OFlags::RDONLY | OFlags::DIRECTORY, 0)
+        else {
             return;
         };
-        for e in rd.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
-            let child = rel.join(e.file_name());
-            if ft.is_dir() {
-                walk(meta_root, data_root, &child, pins, chunked_above, out);
+        let Ok(dir) = rustix::fs::Dir::new(fd) else {
+            return;
+        };
+        let mut entries = Vec::new();
+        for e in dir.flatten() {
+            let name = e.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                let child = rel.join(std::ffi::OsStr::from_bytes(name));
+                entries.push((child, e.file_type()));
+            }
+        }
+        for (child, mut ft) in entries {
+            if ft == FileType::Unknown {
+                let Ok(st) = trees.meta.stat(&child) else {
+                    continue;
+                };
+                ft = FileType::from_raw_mode(st.mode);
+            }
+            if ft == FileType::Directory {
+                walk(trees, &child, pins, chunked_above, out);
                 continue;
             }
-            if !ft.is_file() {
+            if ft != FileType::RegularFile {
                 continue;
             }
-            let rec = std::fs::read(e.path())
+            let rec = trees
+                .meta
+                .openat(&child, OFlags::RDONLY | OFlags::NONBLOCK, 0)
                 .ok()
-                .and_then(|b| CacheRecord::decode(&b).ok());
-            let bytes = std::fs::symlink_metadata(data_root.join(&child))
-                .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                .and_then(|fd| {
+                    let mut b = Vec::new();
+                    std::fs::File::from(fd).read_to_end(&mut b).ok()?;
+                    CacheRecord::decode(&b).ok()
+                });
+            let bytes = trees
+                .data
+                .stat(&child)
+                .map(|st| st.blocks * 512)
                 .unwrap_or(0);
             let pinned = pins.is_pinned(&child);
-            out.1 += bytes;
-            let out = &mut out.0;
+            out.on_disk += bytes;
+            out.files += 1;
+            let out = &mut out.units;
             match rec {
                 Some(r) if r.identity.size > chunked_above && r.nchunks() > 1 && !r.dirty => {
                     // A complete file is read through passthrough, where chunk reads are
@@ -335,15 +377,8 @@ pub fn scan(cache_root: &Path, pins: &Pins, chunked_above: u64) -> (Vec<CachedFi
             }
         }
     }
-    let mut out = (Vec::new(), 0);
-    walk(
-        &cache_root.join("meta"),
-        &cache_root.join("data"),
-        Path::new(""),
-        pins,
-        chunked_above,
-        &mut out,
-    );
+    let mut out = Scan::default();
+    walk(trees, Path::new(""), pins, chunked_above, &mut out);
     out
 }
 
@@ -367,18 +402,19 @@ pub fn choose(files: &[CachedFile], used: u64, target: u64) -> Vec<&CachedFile> 
 /// One pass: rescan, then evict LRU files until under the low watermark (or `target`) and
 /// above the free-space floor. Returns the bytes freed.
 pub fn clean_once(
-    cache_root: &Path,
+    trees: &Trees,
     pins: &Pins,
     usage: &Usage,
     target: Option<u64>,
     fs: &dyn EvictTarget,
 ) -> u64 {
     let added_before = usage.added_total.load(Relaxed);
-    let (files, on_disk) = scan(cache_root, pins, usage.chunked_above.load(Relaxed));
+    let scan = scan(trees, pins, usage.chunked_above.load(Relaxed));
+    let files = scan.units;
     // Bytes cached while the walk ran may or may not have been seen by it: count them
     // (an overestimate is safe, an underestimate would let the cache overshoot).
     let during = usage.added_total.load(Relaxed) - added_before;
-    let used: u64 = on_disk + during + usage.reserved.load(Relaxed);
+    let used: u64 = scan.on_disk + during + usage.reserved.load(Relaxed);
     usage.bytes.store(used, Relaxed);
     usage.files.store(
         files.iter().filter(|f| f.chunk.unwrap_or(0) == 0).count() as u64,
@@ -449,7 +485,7 @@ pub fn clean_once(
 /// Runs the cleaner on its own thread: a first scan at start (off the mount's critical
 /// path), then a pass whenever kicked or every `period`.
 pub fn spawn(
-    cache_root: PathBuf,
+    trees: Trees,
     pins: Arc<Pins>,
     usage: Arc<Usage>,
     fs: Arc<dyn EvictTarget>,
@@ -462,7 +498,7 @@ pub fn spawn(
         .spawn(move || {
             let mut target = None;
             loop {
-                clean_once(&cache_root, &pins, &usage, target.take(), fs.as_ref());
+                clean_once(&trees, &pins, &usage, target.take(), fs.as_ref());
                 match rx.recv_timeout(period) {
                     Ok(t) => {
                         target = t;
@@ -533,14 +569,15 @@ mod tests {
     #[test]
     fn pins_cover_subtrees_and_persist() {
         let d = tempfile::tempdir().unwrap();
-        let p = Pins::load(d.path()).unwrap();
+        let root = || Arc::new(BeneathRoot::open(d.path()).unwrap());
+        let p = Pins::load(root()).unwrap();
         p.set(Path::new("a/b"), true).unwrap();
         assert!(p.is_pinned(Path::new("a/b")));
         assert!(p.is_pinned(Path::new("a/b/c/d")));
         assert!(!p.is_pinned(Path::new("a/bc")));
-        let again = Pins::load(d.path()).unwrap();
+        let again = Pins::load(root()).unwrap();
         assert!(again.is_pinned(Path::new("a/b/x")));
         again.set(Path::new("a/b"), false).unwrap();
-        assert!(!Pins::load(d.path()).unwrap().is_pinned(Path::new("a/b/x")));
+        assert!(!Pins::load(root()).unwrap().is_pinned(Path::new("a/b/x")));
     }
 }

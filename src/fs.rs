@@ -163,7 +163,7 @@ pub struct CachingFs {
     pub cfg: Config,
     /// The source, reached only through health-guarded calls (timeouts, offline mode).
     source: Arc<GuardedSource>,
-    cache: CacheStore,
+    pub(crate) cache: CacheStore,
     pub inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     dirs: Mutex<HashMap<u64, Arc<DirList>>>,
@@ -238,7 +238,7 @@ fn open_source(
 fn open_object_source(
     cfg: &Config,
     url: &crate::object_source::ObjectUrl,
-    cache_root: &Path,
+    cache: &CacheStore,
     recorded: Option<&SourceInfo>,
 ) -> anyhow::Result<(ObjectTree, SourceInfo, Option<String>)> {
     let name = cfg.source.display();
@@ -260,13 +260,13 @@ fn open_object_source(
     if recorded.is_some() && object_recorded.is_none() {
         anyhow::bail!(
             "the cache directory {} was filled from a directory source, not {name}",
-            cache_root.display()
+            cache.root().display()
         );
     }
     match tree.check_root() {
         Ok(root) => {
             let info = SourceInfo::object(&root);
-            if let Err(e) = info.save(cache_root) {
+            if let Err(e) = info.save(cache.top()) {
                 tracing::warn!("cannot record the source's kind in the cache: {e}");
             }
             Ok((tree, info, None))
@@ -352,10 +352,10 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 impl CachingFs {
     pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
-        let recorded = SourceInfo::load(cache.root());
+        let recorded = SourceInfo::load(cache.top());
         if let Some(url) = cfg.object_url() {
             let (tree, info, unreachable) =
-                open_object_source(&cfg, &url, cache.root(), recorded.as_ref())?;
+                open_object_source(&cfg, &url, &cache, recorded.as_ref())?;
             // Object-store calls carry their own timeouts (`S3Options`); a health timeout
             // shorter than an upload would take the mount offline in mid-upload.
             let timeout = cfg.source_timeout.filter(|t| !t.is_zero());
@@ -369,7 +369,7 @@ impl CachingFs {
         }
         let (root, info, unreachable) = match open_source(&cfg.source, recorded.as_ref()) {
             Ok((root, info)) => {
-                if let Err(e) = info.save(cache.root()) {
+                if let Err(e) = info.save(cache.top()) {
                     tracing::warn!("cannot record the source's kind in the cache: {e}");
                 }
                 (Some(root), info, None)
@@ -409,8 +409,12 @@ impl CachingFs {
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
-        let oplog = OpLog::open(&cache.root().join("oplog"))
+        let oplog = cache
+            .private_dir("oplog")
+            .and_then(OpLog::open)
             .map_err(|e| anyhow::anyhow!("cannot open the offline log: {e}"))?;
+        let usage = Usage::default();
+        let pins = Pins::load(cache.top().clone())?;
         let pending = oplog.pending().len();
         source
             .health
@@ -435,8 +439,8 @@ impl CachingFs {
             passthrough_ok: AtomicBool::new(cfg.passthrough),
             stats: Stats::default(),
             coherence,
-            usage: Arc::new(Usage::default()),
-            pins: Arc::new(Pins::load(&cfg.cache_dir)?),
+            usage: Arc::new(usage),
+            pins: Arc::new(pins),
             stable_ino,
             loaded: Mutex::default(),
             evict_lock: RwLock::new(()),
@@ -535,7 +539,7 @@ impl CachingFs {
     pub fn clean(&self, to: Option<u64>) -> u64 {
         // Asked for by a person: down to the low watermark even if below the high one.
         let to = to.or(self.usage.limits().map(|l| l.low()));
-        crate::cleaner::clean_once(&self.cfg.cache_dir, &self.pins, &self.usage, to, self)
+        crate::cleaner::clean_once(&self.cache.trees(), &self.pins, &self.usage, to, self)
     }
 
     /// The identity of a source version as this mount compares it (see `stable_ino`).
@@ -2232,9 +2236,7 @@ impl EvictTarget for CachingFs {
     }
 
     fn cache_fs_free(&self) -> u64 {
-        rustix::fs::statvfs(&self.cfg.cache_dir)
-            .map(|s| s.f_bavail * s.f_frsize)
-            .unwrap_or(u64::MAX)
+        self.cache.fs_free().unwrap_or(u64::MAX)
     }
 }
 
