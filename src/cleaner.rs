@@ -108,6 +108,8 @@ pub struct Usage {
     pub chunked_above: AtomicU64,
     limits: Mutex<Option<Limits>>,
     kick: Mutex<Option<Sender<Option<u64>>>>,
+    /// The cache root, for the free space of its file system (`min_free`).
+    cache_fs: std::sync::OnceLock<std::os::fd::OwnedFd>,
 }
 
 impl Usage {
@@ -143,6 +145,17 @@ impl Usage {
         self.sub(n);
     }
 
+    /// Where free space is measured for `min_free`: the cache root's file system.
+    pub fn set_cache_fs(&self, fd: std::os::fd::OwnedFd) {
+        let _ = self.cache_fs.set(fd);
+    }
+
+    /// Free bytes on the cache's file system, if known.
+    pub fn fs_free(&self) -> Option<u64> {
+        use std::os::fd::AsFd;
+        crate::cache::store::fs_free(self.cache_fs.get()?.as_fd()).ok()
+    }
+
     pub fn sub(&self, n: u64) {
         let _ = self
             .bytes
@@ -150,13 +163,21 @@ impl Usage {
     }
 
     /// May the cache grow by `n` bytes now? If not, the cleaner is kicked and the caller
-    /// serves from the source without caching.
+    /// serves from the source without caching. Both limits hold: the cache's own (its
+    /// high watermark) and the free space its file system must keep (`min_free`), which
+    /// is what stops the cache when `--cache-size` is larger than its file system.
     pub fn may_grow(&self, n: u64) -> bool {
         let Some(l) = self.limits() else { return true };
-        let _ = n;
         // Up to the high watermark a fetch may add its chunk, so the cache overshoots by at
         // most one chunk per concurrent fetch before the cleaner runs.
-        if self.bytes.load(Relaxed) < l.high() {
+        let under_limit = self.bytes.load(Relaxed) < l.high();
+        // (`min_free` 0 turns the floor off: the file system may fill, and a write that
+        // does not fit fails and is counted as a cache error.)
+        let room = l.min_free_bytes == 0
+            || self
+                .fs_free()
+                .is_none_or(|free| free >= l.min_free_bytes.saturating_add(n));
+        if under_limit && room {
             return true;
         }
         self.skipped_chunks.fetch_add(1, Relaxed);
@@ -438,11 +459,16 @@ pub fn clean_once(
         (None, Some(l)) if used >= l.high() => l.low(),
         (None, _) => used,
     };
-    // The free-space floor: free enough that the file system keeps min_free available.
+    // The free-space floor, whatever the cache's own limit says (it may be larger than
+    // its file system): free enough that the file system keeps min_free available, and
+    // a margin more (the gap between the watermarks, as a share of min_free), so that
+    // the cleaner does not run again for every chunk fetched.
     if let Some(l) = limits {
         let free = fs.cache_fs_free();
         if free < l.min_free_bytes {
-            goal = goal.min(used.saturating_sub(l.min_free_bytes - free));
+            let margin = l.min_free_bytes / 100 * (l.high_pct.saturating_sub(l.low_pct)) as u64;
+            let short = l.min_free_bytes - free + margin;
+            goal = goal.min(used.saturating_sub(short));
         }
     }
     if goal >= used {

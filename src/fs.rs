@@ -414,6 +414,7 @@ impl CachingFs {
             .and_then(OpLog::open)
             .map_err(|e| anyhow::anyhow!("cannot open the offline log: {e}"))?;
         let usage = Usage::default();
+        usage.set_cache_fs(cache.top().root_fd().try_clone_to_owned()?);
         let pins = Pins::load(cache.top().clone())?;
         let pending = oplog.pending().len();
         source

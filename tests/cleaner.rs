@@ -225,3 +225,86 @@ fn large_files_lose_chunks_not_everything() {
         "only the evicted chunks come back"
     );
 }
+
+/// A tmpfs mounted over a directory for the test's life (lazily unmounted at the end).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(at).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+            .arg("tmpfs")
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        Tmpfs(at.to_path_buf())
+    }
+
+    fn free(&self) -> u64 {
+        let st = rustix::fs::statvfs(&self.0).unwrap();
+        st.f_bavail * st.f_frsize
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn min_free_holds_when_the_cache_size_is_larger_than_its_file_system() {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    const MIN_FREE: u64 = 2 << 20;
+    let mut t = TestMount::unmounted_at(
+        "mnt",
+        &[
+            "--cache-size",
+            "1G",
+            "--min-free",
+            "2M",
+            "--chunk-size",
+            "64K",
+            "--whole-file-threshold",
+            "128K",
+        ],
+    );
+    // The cache's file system holds 8 MiB; the cache may hold 1 GiB.
+    let tmpfs = Tmpfs::mount(&t.cache, "8m");
+    t.mount();
+    let n = 30;
+    for i in 0..n {
+        fs::write(t.s(&format!("f{i}")), pattern(512 << 10, i)).unwrap();
+    }
+    for i in 0..n {
+        assert_eq!(
+            fs::read(t.m(&format!("f{i}"))).unwrap(),
+            pattern(512 << 10, i),
+            "f{i} reads right"
+        );
+        // A few chunks in flight may go below the floor before the cleaner runs; the
+        // file system never fills.
+        let free = tmpfs.free();
+        assert!(
+            free + (1 << 20) >= MIN_FREE,
+            "after f{i}: {free} bytes free, min_free is {MIN_FREE}"
+        );
+    }
+    let s = t.stats();
+    assert_eq!(s.cache.cache_errors, 0, "the cache never ran out of space");
+    assert!(
+        s.cleaner.evicted_files + s.cleaner.evicted_chunks > 0,
+        "the cleaner made room: {:?}",
+        s.cleaner
+    );
+    // Space comes back without a restart: min_free holds once the cleaner has run.
+    wait_for("min_free", || tmpfs.free() >= MIN_FREE);
+    // And caching goes on: the last file read is cached (at least in part).
+    assert!(cached(&t, &format!("f{}", n - 1)));
+    t.unmount();
+    drop(tmpfs);
+}
