@@ -5,8 +5,11 @@
 //! Policy lives here; the mechanism of evicting one file safely (no open file loses its
 //! data, no record ever claims evicted bytes) is `EvictTarget`, implemented by `CachingFs`.
 //!
-//! Usage is tracked as an estimate: a background scan of the record tree sets it exactly,
-//! and the fetch path adds what it writes in between (`Usage::add`). The fetch path also
+//! Usage is tracked as an estimate: a background scan of the record tree sets it exactly
+//! (bytes and files), at least every `RESCAN_MIN`, and in between the fetch path adds what
+//! it caches (`Usage::add`), writes and truncations count what they changed in the data
+//! file's allocated blocks (`Usage::adjust`: an overwrite adds nothing), and removals and
+//! new records keep the file count (`file_added`, `file_removed`). The fetch path also
 //! asks `Usage::may_grow` before caching a chunk: above the high watermark it serves the
 //! chunk from the source without caching it and kicks the cleaner, so the cache never
 //! overshoots by more than one chunk per concurrent reader and nothing ever waits for it.
@@ -97,7 +100,8 @@ pub struct Usage {
     pub cleans: AtomicU64,
     pub pinned_bytes: AtomicU64,
     pub skipped_chunks: AtomicU64,
-    /// Cached files found by the last scan.
+    /// Cached files (records): set by each scan, kept up between scans as records are
+    /// made and files evicted.
     pub files: AtomicU64,
     /// Every byte ever added, so that a scan can account for fetches that ran during it.
     added_total: AtomicU64,
@@ -143,6 +147,28 @@ impl Usage {
     pub fn unreserve(&self, n: u64) {
         self.reserved.fetch_sub(n, Relaxed);
         self.sub(n);
+    }
+
+    /// An operation changed a cache file's disk usage from `before` to `after` bytes (an
+    /// overwrite changes nothing, a truncation frees).
+    pub fn adjust(&self, before: u64, after: u64) {
+        if after > before {
+            self.add(after - before);
+        } else {
+            self.sub(before - after);
+        }
+    }
+
+    /// A cache entry was made (a new record).
+    pub fn file_added(&self) {
+        self.files.fetch_add(1, Relaxed);
+    }
+
+    /// A cache entry was removed.
+    pub fn file_removed(&self) {
+        let _ = self
+            .files
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(1)));
     }
 
     /// Where free space is measured for `min_free`: the cache root's file system.
@@ -437,10 +463,7 @@ pub fn clean_once(
     let during = usage.added_total.load(Relaxed) - added_before;
     let used: u64 = scan.on_disk + during + usage.reserved.load(Relaxed);
     usage.bytes.store(used, Relaxed);
-    usage.files.store(
-        files.iter().filter(|f| f.chunk.unwrap_or(0) == 0).count() as u64,
-        Relaxed,
-    );
+    usage.files.store(scan.files, Relaxed);
     usage.pinned_bytes.store(
         files.iter().filter(|f| f.pinned).map(|f| f.bytes).sum(),
         Relaxed,
@@ -496,6 +519,7 @@ pub fn clean_once(
             usage.sub(n);
             if cs.is_none() {
                 usage.evicted_files.fetch_add(1, Relaxed);
+                usage.file_removed();
             } else {
                 usage
                     .evicted_chunks
@@ -508,8 +532,15 @@ pub fn clean_once(
     freed
 }
 
+/// The shortest time between two scans that nothing asked for: they keep the usage
+/// figure true (changes the fetch path does not count, such as files unlinked or
+/// truncated through the mount) and catch the file system filling from outside.
+const RESCAN_MIN: Duration = Duration::from_secs(5);
+
 /// Runs the cleaner on its own thread: a first scan at start (off the mount's critical
-/// path), then a pass whenever kicked or every `period`.
+/// path), then a pass whenever kicked, and a rescan every `RESCAN_MIN` or twenty times as
+/// long as the last scan took (so that a huge cache costs at most 5 % of one core), at
+/// most `period` apart.
 pub fn spawn(
     trees: Trees,
     pins: Arc<Pins>,
@@ -524,8 +555,10 @@ pub fn spawn(
         .spawn(move || {
             let mut target = None;
             loop {
+                let started = std::time::Instant::now();
                 clean_once(&trees, &pins, &usage, target.take(), fs.as_ref());
-                match rx.recv_timeout(period) {
+                let wait = (started.elapsed() * 20).max(RESCAN_MIN).min(period);
+                match rx.recv_timeout(wait) {
                     Ok(t) => {
                         target = t;
                         // Coalesce a burst of kicks into one pass.

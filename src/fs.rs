@@ -912,7 +912,7 @@ impl CachingFs {
                 state.unlinked = Some(Stat { nlink: 0, ..before });
             }
         }
-        if let Err(e) = self.cache.remove(&path) {
+        if let Err(e) = self.uncache(&path) {
             tracing::warn!(?path, "cannot drop cache entry: {e}");
         }
         Ok(())
@@ -945,7 +945,7 @@ impl CachingFs {
         if let Some(inode) = before.and_then(|st| self.inodes.find(&path, &st)) {
             inode.remove_name(&path);
         }
-        if let Err(e) = self.cache.remove(&path) {
+        if let Err(e) = self.uncache(&path) {
             tracing::warn!(?path, "cannot drop cache entry: {e}");
         }
         Ok(())
@@ -1104,7 +1104,7 @@ impl CachingFs {
                     let ok = state
                         .files
                         .as_ref()
-                        .map(|f| f.data.set_len(size))
+                        .map(|f| self.counted(&f.data, || f.data.set_len(size)))
                         .transpose()
                         .is_ok();
                     if ok && after.size == size {
@@ -1117,7 +1117,7 @@ impl CachingFs {
                 _ => self.drop_cached(state),
             },
             None => {
-                if let Some(Err(e)) = path.map(|p| self.cache.remove(p)) {
+                if let Some(Err(e)) = path.map(|p| self.uncache(p)) {
                     tracing::warn!(?path, "cannot drop cache entry: {e}");
                 }
             }
@@ -1698,7 +1698,10 @@ impl CachingFs {
                 tracing::warn!(?path, "discarding cache record: {e}");
                 Stats::add(&self.stats.cache.corrupt_records, 1);
             }
-            Ok(None) => had_record = false,
+            Ok(None) => {
+                had_record = false;
+                self.usage.file_added();
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(?path, "cannot read cache record: {e}");
@@ -1734,9 +1737,12 @@ impl CachingFs {
         state.unsynced = 0;
         state.written = false;
         let Some(files) = &state.files else { return };
-        let r = write_record(files, &state.record, durable)
-            .and_then(|_| files.data.set_len(0))
-            .and_then(|_| files.data.set_len(st.size));
+        let r = write_record(files, &state.record, durable).and_then(|_| {
+            self.counted(&files.data, || {
+                files.data.set_len(0)?;
+                files.data.set_len(st.size)
+            })
+        });
         if let Err(e) = r {
             tracing::warn!("cannot reset cache file: {e}");
             Stats::add(&self.stats.cache.cache_errors, 1);
@@ -1802,6 +1808,31 @@ impl CachingFs {
                 state.files = None;
             }
         }
+    }
+
+    /// Removes whatever the cache holds for `rel` (`CacheStore::remove`), counting what
+    /// that frees.
+    fn uncache(&self, rel: &Path) -> io::Result<()> {
+        let file = self.cache.has_record(rel);
+        let bytes = self.cache.data_bytes(rel);
+        self.cache.remove(rel)?;
+        self.usage.sub(bytes);
+        if file {
+            self.usage.file_removed();
+        }
+        Ok(())
+    }
+
+    /// Runs `op` on the data file `f` and counts what it changed in the file's disk usage
+    /// (`Usage::adjust`): rewrites add nothing, truncations free.
+    fn counted<T>(&self, f: &File, op: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let blocks = || fstat(f.as_fd()).map(|st| st.blocks * 512);
+        let before = blocks();
+        let r = op();
+        if let (Ok(b), Ok(a)) = (before, blocks()) {
+            self.usage.adjust(b, a);
+        }
+        r
     }
 
     fn persist_record(&self, state: &mut FileState, durable: bool) {
@@ -1901,14 +1932,14 @@ impl CachingFs {
                 if !admitted {
                     return Err(io::Error::from_raw_os_error(libc::ENOSPC));
                 }
-                if end > old_size {
-                    files.data.set_len(end)?;
-                }
-                files.data.write_all_at(data, offset)
+                // Counted by what the data file grew on disk: an overwrite adds nothing.
+                self.counted(&files.data, || {
+                    if end > old_size {
+                        files.data.set_len(end)?;
+                    }
+                    files.data.write_all_at(data, offset)
+                })
             })();
-            if r.is_ok() {
-                self.usage.add(data.len() as u64);
-            }
             if r.is_err() || after.size != expected {
                 // A cache error or a full cache, or someone else changed the source's size
                 // meanwhile: keep nothing of this file but an empty record.

@@ -305,6 +305,13 @@ impl CacheStore {
         }
     }
 
+    /// Whether a record of `rel` exists (a cached file).
+    pub fn has_record(&self, rel: &Path) -> bool {
+        self.meta
+            .stat(rel)
+            .is_ok_and(|st| st.mode & libc::S_IFMT == libc::S_IFREG)
+    }
+
     /// Bytes the data file of `rel` occupies on disk.
     pub fn data_bytes(&self, rel: &Path) -> u64 {
         self.data.stat(rel).map(|st| st.blocks * 512).unwrap_or(0)

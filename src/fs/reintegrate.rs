@@ -274,10 +274,10 @@ impl CachingFs {
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
         self.offline_modify(state, path.as_deref(), |f, size| {
-            f.write_all_at(data, offset)?;
+            // Counted by what the file grew on disk: an overwrite adds nothing.
+            self.counted(f, || f.write_all_at(data, offset))?;
             Ok(size.max(offset + data.len() as u64))
         })?;
-        self.usage.add(data.len() as u64);
         Ok(data.len() as u32)
     }
 
@@ -369,7 +369,7 @@ impl CachingFs {
         }
         let st = self.synthetic(&dir_st, libc::S_IFREG | (mode & 0o7777), uid, gid);
         // The cache file first: the listing never names a file the cache lacks.
-        let _ = self.cache.remove(&path);
+        let _ = self.uncache(&path);
         let files = self.cache.open_files(&path).map_err(|_| Errno::EIO)?;
         let mut state = self.empty_state(self.identity(&st));
         files.data.set_len(0).map_err(|_| Errno::EIO)?;
@@ -541,7 +541,7 @@ impl CachingFs {
             dir: st,
             entries: Vec::new(),
         };
-        let _ = self.cache.remove(&path);
+        let _ = self.uncache(&path);
         if let Err(e) = self.cache.save_listing(&listing) {
             tracing::warn!(
                 ?path,
@@ -586,7 +586,7 @@ impl CachingFs {
             inode.remove_name(path);
             self.inodes.unlinked(&inode);
         }
-        if let Err(e) = self.cache.remove(path) {
+        if let Err(e) = self.uncache(path) {
             tracing::warn!(?path, "cannot drop cache entry: {e}");
         }
     }
@@ -951,7 +951,7 @@ impl CachingFs {
                     ),
                 );
                 produced.insert(p.clone(), Produced::Conflicted);
-                let _ = self.cache.remove(&p);
+                let _ = self.uncache(&p);
                 Ok(())
             }
             Op::Unlink { path, base } => {
@@ -1281,11 +1281,11 @@ impl CachingFs {
             (Ok(true), Ok(Some(Ok(mut rec)))) if !rec.dirty => {
                 rec.identity = self.identity(after);
                 if write_record(&files, &rec, true).is_err() {
-                    let _ = self.cache.remove(p);
+                    let _ = self.uncache(p);
                 }
             }
             _ => {
-                let _ = self.cache.remove(p);
+                let _ = self.uncache(p);
             }
         }
     }
