@@ -17,6 +17,14 @@ use common::{BIN, TestMount, is_mounted, pattern};
 
 const CANARY: &[u8] = b"CANARY-7d1f-outside-the-cache\n";
 
+/// These tests mount and unmount many times; run in parallel threads, one test's child
+/// process (between fork and exec) can hold another's file on its mount for an instant,
+/// and that unmount fails with EBUSY. One at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A directory outside the cache holding `passwd` and `victim` (canary bytes, 0644),
 /// itself 0755.
 fn plant_canary(t: &TestMount) -> PathBuf {
@@ -147,6 +155,7 @@ fn mount_with_link(rel: &str, target_in_outside: &str) {
 
 #[test]
 fn a_cache_subdirectory_that_is_a_symlink_is_never_followed() {
+    let _serial = serial();
     // data -> a directory holding `passwd`: reading the source's `passwd` would overwrite
     // it (with data -> /etc, /etc/passwd).
     for sub in ["data", "meta", "dirs", "oplog"] {
@@ -156,6 +165,7 @@ fn a_cache_subdirectory_that_is_a_symlink_is_never_followed() {
 
 #[test]
 fn top_level_files_that_are_symlinks_are_never_followed() {
+    let _serial = serial();
     // oplog/log -> a file: it was truncated to 0 bytes at mount. lock -> a name outside:
     // it was created there. pins.tmp and source.json.tmp: written through.
     for rel in ["oplog/log", "oplog/progress", "lock", "pins", "source.json"] {
@@ -224,6 +234,7 @@ fn run_daemonized(t: &TestMount) {
 
 #[test]
 fn the_daemon_log_is_never_written_through_a_link_and_its_files_are_owner_only() {
+    let _serial = serial();
     let t = TestMount::unmounted_at("mnt", &[]);
     fill_source(&t);
     let outside = plant_canary(&t);
@@ -254,6 +265,7 @@ fn the_daemon_log_is_never_written_through_a_link_and_its_files_are_owner_only()
 
 #[test]
 fn a_data_file_hard_linked_outside_is_replaced_not_written_through() {
+    let _serial = serial();
     let mut t = TestMount::new(&[]);
     let outside = plant_canary(&t);
     let data = pattern(CANARY.len(), 9);
@@ -292,6 +304,7 @@ fn a_data_file_hard_linked_outside_is_replaced_not_written_through() {
 
 #[test]
 fn a_cache_subdirectory_of_the_wrong_type_is_replaced() {
+    let _serial = serial();
     for sub in ["meta", "data", "dirs", "oplog"] {
         let mut t = TestMount::unmounted_at("mnt", &[]);
         fill_source(&t);
@@ -333,6 +346,7 @@ fn refused(t: &TestMount) -> String {
 
 #[test]
 fn a_refused_cache_directory_is_left_untouched() {
+    let _serial = serial();
     let t = TestMount::unmounted_at("mnt", &[]);
     fill_source(&t);
     fs::create_dir(&t.cache).unwrap();
