@@ -185,9 +185,21 @@ fn top_level_files_that_are_symlinks_are_never_followed() {
     }
 }
 
+/// Lazily unmounts a mount whose daemon the test does not own, should the test fail.
+struct Unmount<'a>(&'a Path);
+
+impl Drop for Unmount<'_> {
+    fn drop(&mut self) {
+        if is_mounted(self.0) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+}
+
 /// Runs the daemon as a daemon (its log goes to `CACHE/hoardfs.log`), uses the mount,
 /// unmounts, and waits for the daemon to let go of the cache.
 fn run_daemonized(t: &TestMount) {
+    let _unmount = Unmount(&t.mnt);
     let st = Command::new(BIN)
         .arg(&t.src)
         .arg(&t.mnt)
