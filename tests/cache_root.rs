@@ -393,3 +393,67 @@ fn a_refused_cache_directory_is_left_untouched() {
         .collect();
     assert_eq!(names, ["FORMAT"]);
 }
+
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.extend(files_holding(&e.path(), needle));
+        } else if ft.is_file()
+            && fs::read(e.path())
+                .unwrap()
+                .windows(needle.len())
+                .any(|w| w == needle)
+        {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn offline_replay_never_writes_through_nor_sends_planted_links() {
+    let _serial = serial();
+    let t = TestMount::new(&["--offline-writes", "log"]);
+    let outside = plant_canary(&t);
+    fs::write(t.s("f"), b"original f\n").unwrap();
+    fs::write(t.s("g"), b"original g\n").unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"original f\n");
+    assert_eq!(fs::read(t.m("g")).unwrap(), b"original g\n");
+    hoardfs_ok(&["offline", t.mnt.to_str().unwrap()]);
+    fs::write(t.m("f"), b"mount's f\n").unwrap();
+    fs::write(t.m("g"), b"mount's g\n").unwrap();
+    // f changes on both sides: a conflict, reported in conflicts.log.
+    fs::write(t.s("f"), b"source's f\n").unwrap();
+    symlink(outside.join("victim"), t.cache.join("conflicts.log")).unwrap();
+    // g's content waits in the last container: it becomes a link to a file outside.
+    let mut seqs: Vec<u64> = fs::read_dir(t.cache.join("oplog/data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    seqs.sort();
+    let last = t
+        .cache
+        .join("oplog/data")
+        .join(seqs.last().unwrap().to_string());
+    fs::remove_file(&last).unwrap();
+    fs::hard_link(outside.join("passwd"), &last).unwrap();
+    // The replay may fail on the planted container; it must not follow either link.
+    let _ = Command::new(BIN)
+        .args(["online", t.mnt.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        files_holding(&t.src, CANARY),
+        Vec::<PathBuf>::new(),
+        "bytes from outside the cache were sent to the source"
+    );
+    assert_canary_untouched(&outside);
+    assert!(
+        fs::symlink_metadata(t.cache.join("conflicts.log"))
+            .unwrap()
+            .is_file(),
+        "the conflict was reported in the cache's own conflicts.log"
+    );
+}
