@@ -105,6 +105,13 @@ pub struct Usage {
     pub files: AtomicU64,
     /// Every byte ever added, so that a scan can account for fetches that ran during it.
     added_total: AtomicU64,
+    /// Every byte ever subtracted (freed), so that a scan can tell that its figure may
+    /// already be out of date.
+    removed_total: AtomicU64,
+    files_added_total: AtomicU64,
+    files_removed_total: AtomicU64,
+    /// A scan ran while the cache changed: the next one comes soon (`RESCAN_SOON`).
+    rescan_soon: std::sync::atomic::AtomicBool,
     /// Bytes of fetches under way (counted in `bytes` from their start, so that concurrent
     /// fetches see each other; a scan cannot see them yet).
     reserved: AtomicU64,
@@ -162,6 +169,7 @@ impl Usage {
     /// A cache entry was made (a new record).
     pub fn file_added(&self) {
         self.files.fetch_add(1, Relaxed);
+        self.files_added_total.fetch_add(1, Relaxed);
     }
 
     /// A cache entry was removed.
@@ -169,6 +177,17 @@ impl Usage {
         let _ = self
             .files
             .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(1)));
+        self.files_removed_total.fetch_add(1, Relaxed);
+    }
+
+    /// Bytes added, bytes removed, files added, files removed, ever.
+    fn totals(&self) -> (u64, u64, u64, u64) {
+        (
+            self.added_total.load(Relaxed),
+            self.removed_total.load(Relaxed),
+            self.files_added_total.load(Relaxed),
+            self.files_removed_total.load(Relaxed),
+        )
     }
 
     /// Where free space is measured for `min_free`: the cache root's file system.
@@ -183,6 +202,7 @@ impl Usage {
     }
 
     pub fn sub(&self, n: u64) {
+        self.removed_total.fetch_add(n, Relaxed);
         let _ = self
             .bytes
             .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
@@ -455,15 +475,32 @@ pub fn clean_once(
     target: Option<u64>,
     fs: &dyn EvictTarget,
 ) -> u64 {
-    let added_before = usage.added_total.load(Relaxed);
+    let before = usage.totals();
     let scan = scan(trees, pins, usage.chunked_above.load(Relaxed));
     let files = scan.units;
-    // Bytes cached while the walk ran may or may not have been seen by it: count them
-    // (an overestimate is safe, an underestimate would let the cache overshoot).
-    let during = usage.added_total.load(Relaxed) - added_before;
-    let used: u64 = scan.on_disk + during + usage.reserved.load(Relaxed);
-    usage.bytes.store(used, Relaxed);
-    usage.files.store(scan.files, Relaxed);
+    let after = usage.totals();
+    // What changed while the walk ran may or may not have been seen by it: the true
+    // figure lies between what the walk found less what was freed meanwhile, and plus
+    // what was added meanwhile. The running figure (exact as far as the changes were
+    // counted) is kept if it lies there, else brought to the nearest end; a scan that
+    // nothing raced sets it exactly, and one comes soon.
+    let clamp = |v: u64, found: u64, added: u64, removed: u64| {
+        v.clamp(found.saturating_sub(removed), found + added)
+    };
+    let reserved = usage.reserved.load(Relaxed);
+    let (added, removed) = (after.0 - before.0, after.1 - before.1);
+    let (files_added, files_removed) = (after.2 - before.2, after.3 - before.3);
+    if added + removed + files_added + files_removed > 0 {
+        usage.rescan_soon.store(true, Relaxed);
+    }
+    let mut used = 0;
+    let _ = usage.bytes.fetch_update(Relaxed, Relaxed, |v| {
+        used = clamp(v, scan.on_disk + reserved, added, removed);
+        Some(used)
+    });
+    let _ = usage.files.fetch_update(Relaxed, Relaxed, |v| {
+        Some(clamp(v, scan.files, files_added, files_removed))
+    });
     usage.pinned_bytes.store(
         files.iter().filter(|f| f.pinned).map(|f| f.bytes).sum(),
         Relaxed,
@@ -537,10 +574,13 @@ pub fn clean_once(
 /// truncated through the mount) and catch the file system filling from outside.
 const RESCAN_MIN: Duration = Duration::from_secs(5);
 
+/// The next scan after one that ran while the cache changed.
+const RESCAN_SOON: Duration = Duration::from_millis(200);
+
 /// Runs the cleaner on its own thread: a first scan at start (off the mount's critical
-/// path), then a pass whenever kicked, and a rescan every `RESCAN_MIN` or twenty times as
-/// long as the last scan took (so that a huge cache costs at most 5 % of one core), at
-/// most `period` apart.
+/// path), then a pass whenever kicked, and a rescan every `RESCAN_MIN` (`RESCAN_SOON`
+/// after a scan that raced changes) or twenty times as long as the last scan took (so
+/// that a huge cache costs at most 5 % of one core), at most `period` apart.
 pub fn spawn(
     trees: Trees,
     pins: Arc<Pins>,
@@ -557,7 +597,12 @@ pub fn spawn(
             loop {
                 let started = std::time::Instant::now();
                 clean_once(&trees, &pins, &usage, target.take(), fs.as_ref());
-                let wait = (started.elapsed() * 20).max(RESCAN_MIN).min(period);
+                let least = if usage.rescan_soon.swap(false, Relaxed) {
+                    RESCAN_SOON
+                } else {
+                    RESCAN_MIN
+                };
+                let wait = (started.elapsed() * 20).max(least).min(period);
                 match rx.recv_timeout(wait) {
                     Ok(t) => {
                         target = t;
