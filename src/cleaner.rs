@@ -5,8 +5,11 @@
 //! Policy lives here; the mechanism of evicting one file safely (no open file loses its
 //! data, no record ever claims evicted bytes) is `EvictTarget`, implemented by `CachingFs`.
 //!
-//! Usage is tracked as an estimate: a background scan of the record tree sets it exactly,
-//! and the fetch path adds what it writes in between (`Usage::add`). The fetch path also
+//! Usage is tracked as an estimate: a background scan of the record tree sets it exactly
+//! (bytes and files), at least every `RESCAN_MIN`, and in between the fetch path adds what
+//! it caches (`Usage::add`), writes and truncations count what they changed in the data
+//! file's allocated blocks (`Usage::adjust`: an overwrite adds nothing), and removals and
+//! new records keep the file count (`file_added`, `file_removed`). The fetch path also
 //! asks `Usage::may_grow` before caching a chunk: above the high watermark it serves the
 //! chunk from the source without caching it and kicks the cleaner, so the cache never
 //! overshoots by more than one chunk per concurrent reader and nothing ever waits for it.
@@ -21,6 +24,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheRecord;
+use crate::source::BeneathRoot;
+
+/// The pins file in the cache root.
+const PINS: &str = "pins";
 
 /// What `hoardfs stats` shows of the cleaner.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -93,10 +100,18 @@ pub struct Usage {
     pub cleans: AtomicU64,
     pub pinned_bytes: AtomicU64,
     pub skipped_chunks: AtomicU64,
-    /// Cached files found by the last scan.
+    /// Cached files (records): set by each scan, kept up between scans as records are
+    /// made and files evicted.
     pub files: AtomicU64,
     /// Every byte ever added, so that a scan can account for fetches that ran during it.
     added_total: AtomicU64,
+    /// Every byte ever subtracted (freed), so that a scan can tell that its figure may
+    /// already be out of date.
+    removed_total: AtomicU64,
+    files_added_total: AtomicU64,
+    files_removed_total: AtomicU64,
+    /// A scan ran while the cache changed: the next one comes soon (`RESCAN_SOON`).
+    rescan_soon: std::sync::atomic::AtomicBool,
     /// Bytes of fetches under way (counted in `bytes` from their start, so that concurrent
     /// fetches see each other; a scan cannot see them yet).
     reserved: AtomicU64,
@@ -104,6 +119,8 @@ pub struct Usage {
     pub chunked_above: AtomicU64,
     limits: Mutex<Option<Limits>>,
     kick: Mutex<Option<Sender<Option<u64>>>>,
+    /// The cache root, for the free space of its file system (`min_free`).
+    cache_fs: std::sync::OnceLock<std::os::fd::OwnedFd>,
 }
 
 impl Usage {
@@ -139,20 +156,74 @@ impl Usage {
         self.sub(n);
     }
 
+    /// An operation changed a cache file's disk usage from `before` to `after` bytes (an
+    /// overwrite changes nothing, a truncation frees).
+    pub fn adjust(&self, before: u64, after: u64) {
+        if after > before {
+            self.add(after - before);
+        } else {
+            self.sub(before - after);
+        }
+    }
+
+    /// A cache entry was made (a new record).
+    pub fn file_added(&self) {
+        self.files.fetch_add(1, Relaxed);
+        self.files_added_total.fetch_add(1, Relaxed);
+    }
+
+    /// A cache entry was removed.
+    pub fn file_removed(&self) {
+        let _ = self
+            .files
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(1)));
+        self.files_removed_total.fetch_add(1, Relaxed);
+    }
+
+    /// Bytes added, bytes removed, files added, files removed, ever.
+    fn totals(&self) -> (u64, u64, u64, u64) {
+        (
+            self.added_total.load(Relaxed),
+            self.removed_total.load(Relaxed),
+            self.files_added_total.load(Relaxed),
+            self.files_removed_total.load(Relaxed),
+        )
+    }
+
+    /// Where free space is measured for `min_free`: the cache root's file system.
+    pub fn set_cache_fs(&self, fd: std::os::fd::OwnedFd) {
+        let _ = self.cache_fs.set(fd);
+    }
+
+    /// Free bytes on the cache's file system, if known.
+    pub fn fs_free(&self) -> Option<u64> {
+        use std::os::fd::AsFd;
+        crate::cache::store::fs_free(self.cache_fs.get()?.as_fd()).ok()
+    }
+
     pub fn sub(&self, n: u64) {
+        self.removed_total.fetch_add(n, Relaxed);
         let _ = self
             .bytes
             .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
     }
 
     /// May the cache grow by `n` bytes now? If not, the cleaner is kicked and the caller
-    /// serves from the source without caching.
+    /// serves from the source without caching. Both limits hold: the cache's own (its
+    /// high watermark) and the free space its file system must keep (`min_free`), which
+    /// is what stops the cache when `--cache-size` is larger than its file system.
     pub fn may_grow(&self, n: u64) -> bool {
         let Some(l) = self.limits() else { return true };
-        let _ = n;
         // Up to the high watermark a fetch may add its chunk, so the cache overshoots by at
         // most one chunk per concurrent fetch before the cleaner runs.
-        if self.bytes.load(Relaxed) < l.high() {
+        let under_limit = self.bytes.load(Relaxed) < l.high();
+        // (`min_free` 0 turns the floor off: the file system may fill, and a write that
+        // does not fit fails and is counted as a cache error.)
+        let room = l.min_free_bytes == 0
+            || self
+                .fs_free()
+                .is_none_or(|free| free >= l.min_free_bytes.saturating_add(n));
+        if under_limit && room {
             return true;
         }
         self.skipped_chunks.fetch_add(1, Relaxed);
@@ -189,20 +260,20 @@ impl Usage {
 /// `CACHE_DIR/pins`, one source-relative path per line; a directory pins its subtree.
 #[derive(Debug)]
 pub struct Pins {
-    file: PathBuf,
+    /// The cache root, beneath which `pins` is read and replaced.
+    root: Arc<BeneathRoot>,
     set: Mutex<BTreeSet<PathBuf>>,
 }
 
 impl Pins {
-    pub fn load(cache_root: &Path) -> std::io::Result<Pins> {
-        let file = cache_root.join("pins");
-        let set = match std::fs::read(&file) {
+    pub fn load(root: Arc<BeneathRoot>) -> std::io::Result<Pins> {
+        let set = match crate::cache::store::read_small_file(&root, Path::new(PINS)) {
             Ok(bytes) => Self::parse(&bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
             Err(e) => return Err(e),
         };
         Ok(Pins {
-            file,
+            root,
             set: Mutex::new(set),
         })
     }
@@ -260,50 +331,88 @@ impl Pins {
         };
         if changed {
             let text = Self::serialize(set.iter());
-            let tmp = self.file.with_extension("tmp");
-            std::fs::write(&tmp, text)?;
-            std::fs::File::open(&tmp)?.sync_all()?;
-            std::fs::rename(&tmp, &self.file)?;
+            crate::cache::store::replace_file(&self.root, Path::new(PINS), &text)?;
         }
         Ok(())
     }
 }
 
+/// The cache's record and data trees, for the cleaner's scans.
+#[derive(Clone, Debug)]
+pub struct Trees {
+    pub meta: Arc<BeneathRoot>,
+    pub data: Arc<BeneathRoot>,
+}
+
+/// What a scan found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Every eviction unit.
+    pub units: Vec<CachedFile>,
+    /// Bytes all data files occupy: the cache's true usage (chunks of an open file are on
+    /// disk before its record says so).
+    pub on_disk: u64,
+    /// Records (cached files).
+    pub files: u64,
+}
+
 /// Walks the record tree: every cached file (or, for files larger than `chunked_above`,
-/// every present chunk) with its last use and its disk usage. Symlinks in the cache are
-/// never followed. Also returns the bytes all data files occupy: the cache's true usage
-/// (chunks of an open file are on disk before its record says so).
-pub fn scan(cache_root: &Path, pins: &Pins, chunked_above: u64) -> (Vec<CachedFile>, u64) {
-    fn walk(
-        meta_root: &Path,
-        data_root: &Path,
-        rel: &Path,
-        pins: &Pins,
-        chunked_above: u64,
-        out: &mut (Vec<CachedFile>, u64),
-    ) {
-        let Ok(rd) = std::fs::read_dir(meta_root.join(rel)) else {
+/// every present chunk) with its last use and its disk usage. Everything is reached
+/// beneath the trees' roots; symlinks in the cache are never followed.
+pub fn scan(trees: &Trees, pins: &Pins, chunked_above: u64) -> Scan {
+    use rustix::fs::{FileType, OFlags};
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    fn walk(trees: &Trees, rel: &Path, pins: &Pins, chunked_above: u64, out: &mut Scan) {
+        let Ok(fd) = trees
+            .meta
+            .openat(rel, OFlags::RDONLY | OFlags::DIRECTORY, 0)
+        else {
             return;
         };
-        for e in rd.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
-            let child = rel.join(e.file_name());
-            if ft.is_dir() {
-                walk(meta_root, data_root, &child, pins, chunked_above, out);
+        let Ok(dir) = rustix::fs::Dir::new(fd) else {
+            return;
+        };
+        let mut entries = Vec::new();
+        for e in dir.flatten() {
+            let name = e.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                let child = rel.join(std::ffi::OsStr::from_bytes(name));
+                entries.push((child, e.file_type()));
+            }
+        }
+        for (child, mut ft) in entries {
+            if ft == FileType::Unknown {
+                let Ok(st) = trees.meta.stat(&child) else {
+                    continue;
+                };
+                ft = FileType::from_raw_mode(st.mode);
+            }
+            if ft == FileType::Directory {
+                walk(trees, &child, pins, chunked_above, out);
                 continue;
             }
-            if !ft.is_file() {
+            if ft != FileType::RegularFile {
                 continue;
             }
-            let rec = std::fs::read(e.path())
+            let rec = trees
+                .meta
+                .openat(&child, OFlags::RDONLY | OFlags::NONBLOCK, 0)
                 .ok()
-                .and_then(|b| CacheRecord::decode(&b).ok());
-            let bytes = std::fs::symlink_metadata(data_root.join(&child))
-                .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                .and_then(|fd| {
+                    let mut b = Vec::new();
+                    std::fs::File::from(fd).read_to_end(&mut b).ok()?;
+                    CacheRecord::decode(&b).ok()
+                });
+            let bytes = trees
+                .data
+                .stat(&child)
+                .map(|st| st.blocks * 512)
                 .unwrap_or(0);
             let pinned = pins.is_pinned(&child);
-            out.1 += bytes;
-            let out = &mut out.0;
+            out.on_disk += bytes;
+            out.files += 1;
+            let out = &mut out.units;
             match rec {
                 Some(r) if r.identity.size > chunked_above && r.nchunks() > 1 && !r.dirty => {
                     // A complete file is read through passthrough, where chunk reads are
@@ -335,15 +444,8 @@ pub fn scan(cache_root: &Path, pins: &Pins, chunked_above: u64) -> (Vec<CachedFi
             }
         }
     }
-    let mut out = (Vec::new(), 0);
-    walk(
-        &cache_root.join("meta"),
-        &cache_root.join("data"),
-        Path::new(""),
-        pins,
-        chunked_above,
-        &mut out,
-    );
+    let mut out = Scan::default();
+    walk(trees, Path::new(""), pins, chunked_above, &mut out);
     out
 }
 
@@ -367,23 +469,38 @@ pub fn choose(files: &[CachedFile], used: u64, target: u64) -> Vec<&CachedFile> 
 /// One pass: rescan, then evict LRU files until under the low watermark (or `target`) and
 /// above the free-space floor. Returns the bytes freed.
 pub fn clean_once(
-    cache_root: &Path,
+    trees: &Trees,
     pins: &Pins,
     usage: &Usage,
     target: Option<u64>,
     fs: &dyn EvictTarget,
 ) -> u64 {
-    let added_before = usage.added_total.load(Relaxed);
-    let (files, on_disk) = scan(cache_root, pins, usage.chunked_above.load(Relaxed));
-    // Bytes cached while the walk ran may or may not have been seen by it: count them
-    // (an overestimate is safe, an underestimate would let the cache overshoot).
-    let during = usage.added_total.load(Relaxed) - added_before;
-    let used: u64 = on_disk + during + usage.reserved.load(Relaxed);
-    usage.bytes.store(used, Relaxed);
-    usage.files.store(
-        files.iter().filter(|f| f.chunk.unwrap_or(0) == 0).count() as u64,
-        Relaxed,
-    );
+    let before = usage.totals();
+    let scan = scan(trees, pins, usage.chunked_above.load(Relaxed));
+    let files = scan.units;
+    let after = usage.totals();
+    // What changed while the walk ran may or may not have been seen by it: the true
+    // figure lies between what the walk found less what was freed meanwhile, and plus
+    // what was added meanwhile. The running figure (exact as far as the changes were
+    // counted) is kept if it lies there, else brought to the nearest end; a scan that
+    // nothing raced sets it exactly, and one comes soon.
+    let clamp = |v: u64, found: u64, added: u64, removed: u64| {
+        v.clamp(found.saturating_sub(removed), found + added)
+    };
+    let reserved = usage.reserved.load(Relaxed);
+    let (added, removed) = (after.0 - before.0, after.1 - before.1);
+    let (files_added, files_removed) = (after.2 - before.2, after.3 - before.3);
+    if added + removed + files_added + files_removed > 0 {
+        usage.rescan_soon.store(true, Relaxed);
+    }
+    let mut used = 0;
+    let _ = usage.bytes.fetch_update(Relaxed, Relaxed, |v| {
+        used = clamp(v, scan.on_disk + reserved, added, removed);
+        Some(used)
+    });
+    let _ = usage.files.fetch_update(Relaxed, Relaxed, |v| {
+        Some(clamp(v, scan.files, files_added, files_removed))
+    });
     usage.pinned_bytes.store(
         files.iter().filter(|f| f.pinned).map(|f| f.bytes).sum(),
         Relaxed,
@@ -402,11 +519,16 @@ pub fn clean_once(
         (None, Some(l)) if used >= l.high() => l.low(),
         (None, _) => used,
     };
-    // The free-space floor: free enough that the file system keeps min_free available.
+    // The free-space floor, whatever the cache's own limit says (it may be larger than
+    // its file system): free enough that the file system keeps min_free available, and
+    // a margin more (the gap between the watermarks, as a share of min_free), so that
+    // the cleaner does not run again for every chunk fetched.
     if let Some(l) = limits {
         let free = fs.cache_fs_free();
         if free < l.min_free_bytes {
-            goal = goal.min(used.saturating_sub(l.min_free_bytes - free));
+            let margin = l.min_free_bytes / 100 * (l.high_pct.saturating_sub(l.low_pct)) as u64;
+            let short = l.min_free_bytes - free + margin;
+            goal = goal.min(used.saturating_sub(short));
         }
     }
     if goal >= used {
@@ -434,6 +556,7 @@ pub fn clean_once(
             usage.sub(n);
             if cs.is_none() {
                 usage.evicted_files.fetch_add(1, Relaxed);
+                usage.file_removed();
             } else {
                 usage
                     .evicted_chunks
@@ -446,10 +569,20 @@ pub fn clean_once(
     freed
 }
 
+/// The shortest time between two scans that nothing asked for: they keep the usage
+/// figure true (changes the fetch path does not count, such as files unlinked or
+/// truncated through the mount) and catch the file system filling from outside.
+const RESCAN_MIN: Duration = Duration::from_secs(5);
+
+/// The next scan after one that ran while the cache changed.
+const RESCAN_SOON: Duration = Duration::from_millis(200);
+
 /// Runs the cleaner on its own thread: a first scan at start (off the mount's critical
-/// path), then a pass whenever kicked or every `period`.
+/// path), then a pass whenever kicked, and a rescan every `RESCAN_MIN` (`RESCAN_SOON`
+/// after a scan that raced changes) or twenty times as long as the last scan took (so
+/// that a huge cache costs at most 5 % of one core), at most `period` apart.
 pub fn spawn(
-    cache_root: PathBuf,
+    trees: Trees,
     pins: Arc<Pins>,
     usage: Arc<Usage>,
     fs: Arc<dyn EvictTarget>,
@@ -462,8 +595,15 @@ pub fn spawn(
         .spawn(move || {
             let mut target = None;
             loop {
-                clean_once(&cache_root, &pins, &usage, target.take(), fs.as_ref());
-                match rx.recv_timeout(period) {
+                let started = std::time::Instant::now();
+                clean_once(&trees, &pins, &usage, target.take(), fs.as_ref());
+                let least = if usage.rescan_soon.swap(false, Relaxed) {
+                    RESCAN_SOON
+                } else {
+                    RESCAN_MIN
+                };
+                let wait = (started.elapsed() * 20).max(least).min(period);
+                match rx.recv_timeout(wait) {
                     Ok(t) => {
                         target = t;
                         // Coalesce a burst of kicks into one pass.
@@ -533,14 +673,15 @@ mod tests {
     #[test]
     fn pins_cover_subtrees_and_persist() {
         let d = tempfile::tempdir().unwrap();
-        let p = Pins::load(d.path()).unwrap();
+        let root = || Arc::new(BeneathRoot::open(d.path()).unwrap());
+        let p = Pins::load(root()).unwrap();
         p.set(Path::new("a/b"), true).unwrap();
         assert!(p.is_pinned(Path::new("a/b")));
         assert!(p.is_pinned(Path::new("a/b/c/d")));
         assert!(!p.is_pinned(Path::new("a/bc")));
-        let again = Pins::load(d.path()).unwrap();
+        let again = Pins::load(root()).unwrap();
         assert!(again.is_pinned(Path::new("a/b/x")));
         again.set(Path::new("a/b"), false).unwrap();
-        assert!(!Pins::load(d.path()).unwrap().is_pinned(Path::new("a/b/x")));
+        assert!(!Pins::load(root()).unwrap().is_pinned(Path::new("a/b/x")));
     }
 }

@@ -165,7 +165,7 @@ pub struct CachingFs {
     pub cfg: Config,
     /// The source, reached only through health-guarded calls (timeouts, offline mode).
     source: Arc<GuardedSource>,
-    cache: CacheStore,
+    pub(crate) cache: CacheStore,
     pub inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     dirs: Mutex<HashMap<u64, Arc<DirList>>>,
@@ -240,7 +240,7 @@ fn open_source(
 fn open_object_source(
     cfg: &Config,
     url: &crate::object_source::ObjectUrl,
-    cache_root: &Path,
+    cache: &CacheStore,
     recorded: Option<&SourceInfo>,
 ) -> anyhow::Result<(ObjectTree, SourceInfo, Option<String>)> {
     let name = cfg.source.display();
@@ -262,13 +262,13 @@ fn open_object_source(
     if recorded.is_some() && object_recorded.is_none() {
         anyhow::bail!(
             "the cache directory {} was filled from a directory source, not {name}",
-            cache_root.display()
+            cache.root().display()
         );
     }
     match tree.check_root() {
         Ok(root) => {
             let info = SourceInfo::object(&root);
-            if let Err(e) = info.save(cache_root) {
+            if let Err(e) = info.save(cache.top()) {
                 tracing::warn!("cannot record the source's kind in the cache: {e}");
             }
             Ok((tree, info, None))
@@ -354,10 +354,10 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 impl CachingFs {
     pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
-        let recorded = SourceInfo::load(cache.root());
+        let recorded = SourceInfo::load(cache.top());
         if let Some(url) = cfg.object_url() {
             let (tree, info, unreachable) =
-                open_object_source(&cfg, &url, cache.root(), recorded.as_ref())?;
+                open_object_source(&cfg, &url, &cache, recorded.as_ref())?;
             // Object-store calls carry their own timeouts (`S3Options`); a health timeout
             // shorter than an upload would take the mount offline in mid-upload.
             let timeout = cfg.source_timeout.filter(|t| !t.is_zero());
@@ -371,7 +371,7 @@ impl CachingFs {
         }
         let (root, info, unreachable) = match open_source(&cfg.source, recorded.as_ref()) {
             Ok((root, info)) => {
-                if let Err(e) = info.save(cache.root()) {
+                if let Err(e) = info.save(cache.top()) {
                     tracing::warn!("cannot record the source's kind in the cache: {e}");
                 }
                 (Some(root), info, None)
@@ -411,8 +411,13 @@ impl CachingFs {
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
-        let oplog = OpLog::open(&cache.root().join("oplog"))
+        let oplog = cache
+            .private_dir("oplog")
+            .and_then(OpLog::open)
             .map_err(|e| anyhow::anyhow!("cannot open the offline log: {e}"))?;
+        let usage = Usage::default();
+        usage.set_cache_fs(cache.top().root_fd().try_clone_to_owned()?);
+        let pins = Pins::load(cache.top().clone())?;
         let pending = oplog.pending().len();
         source
             .health
@@ -437,8 +442,8 @@ impl CachingFs {
             passthrough_ok: AtomicBool::new(cfg.passthrough),
             stats: Stats::default(),
             coherence,
-            usage: Arc::new(Usage::default()),
-            pins: Arc::new(Pins::load(&cfg.cache_dir)?),
+            usage: Arc::new(usage),
+            pins: Arc::new(pins),
             stable_ino,
             loaded: Mutex::default(),
             evict_lock: RwLock::new(()),
@@ -537,7 +542,7 @@ impl CachingFs {
     pub fn clean(&self, to: Option<u64>) -> u64 {
         // Asked for by a person: down to the low watermark even if below the high one.
         let to = to.or(self.usage.limits().map(|l| l.low()));
-        crate::cleaner::clean_once(&self.cfg.cache_dir, &self.pins, &self.usage, to, self)
+        crate::cleaner::clean_once(&self.cache.trees(), &self.pins, &self.usage, to, self)
     }
 
     /// The identity of a source version as this mount compares it (see `stable_ino`).
@@ -909,7 +914,7 @@ impl CachingFs {
                 state.unlinked = Some(Stat { nlink: 0, ..before });
             }
         }
-        if let Err(e) = self.cache.remove(&path) {
+        if let Err(e) = self.uncache(&path) {
             tracing::warn!(?path, "cannot drop cache entry: {e}");
         }
         Ok(())
@@ -942,7 +947,7 @@ impl CachingFs {
         if let Some(inode) = before.and_then(|st| self.inodes.find(&path, &st)) {
             inode.remove_name(&path);
         }
-        if let Err(e) = self.cache.remove(&path) {
+        if let Err(e) = self.uncache(&path) {
             tracing::warn!(?path, "cannot drop cache entry: {e}");
         }
         Ok(())
@@ -1101,7 +1106,7 @@ impl CachingFs {
                     let ok = state
                         .files
                         .as_ref()
-                        .map(|f| f.data.set_len(size))
+                        .map(|f| self.counted(&f.data, || f.data.set_len(size)))
                         .transpose()
                         .is_ok();
                     if ok && after.size == size {
@@ -1114,7 +1119,7 @@ impl CachingFs {
                 _ => self.drop_cached(state),
             },
             None => {
-                if let Some(Err(e)) = path.map(|p| self.cache.remove(p)) {
+                if let Some(Err(e)) = path.map(|p| self.uncache(p)) {
                     tracing::warn!(?path, "cannot drop cache entry: {e}");
                 }
             }
@@ -1724,7 +1729,10 @@ impl CachingFs {
                 tracing::warn!(?path, "discarding cache record: {e}");
                 Stats::add(&self.stats.cache.corrupt_records, 1);
             }
-            Ok(None) => had_record = false,
+            Ok(None) => {
+                had_record = false;
+                self.usage.file_added();
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(?path, "cannot read cache record: {e}");
@@ -1760,9 +1768,12 @@ impl CachingFs {
         state.unsynced = 0;
         state.written = false;
         let Some(files) = &state.files else { return };
-        let r = write_record(files, &state.record, durable)
-            .and_then(|_| files.data.set_len(0))
-            .and_then(|_| files.data.set_len(st.size));
+        let r = write_record(files, &state.record, durable).and_then(|_| {
+            self.counted(&files.data, || {
+                files.data.set_len(0)?;
+                files.data.set_len(st.size)
+            })
+        });
         if let Err(e) = r {
             tracing::warn!("cannot reset cache file: {e}");
             Stats::add(&self.stats.cache.cache_errors, 1);
@@ -1828,6 +1839,31 @@ impl CachingFs {
                 state.files = None;
             }
         }
+    }
+
+    /// Removes whatever the cache holds for `rel` (`CacheStore::remove`), counting what
+    /// that frees.
+    fn uncache(&self, rel: &Path) -> io::Result<()> {
+        let file = self.cache.has_record(rel);
+        let bytes = self.cache.data_bytes(rel);
+        self.cache.remove(rel)?;
+        self.usage.sub(bytes);
+        if file {
+            self.usage.file_removed();
+        }
+        Ok(())
+    }
+
+    /// Runs `op` on the data file `f` and counts what it changed in the file's disk usage
+    /// (`Usage::adjust`): rewrites add nothing, truncations free.
+    fn counted<T>(&self, f: &File, op: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let blocks = || fstat(f.as_fd()).map(|st| st.blocks * 512);
+        let before = blocks();
+        let r = op();
+        if let (Ok(b), Ok(a)) = (before, blocks()) {
+            self.usage.adjust(b, a);
+        }
+        r
     }
 
     fn persist_record(&self, state: &mut FileState, durable: bool) {
@@ -1927,14 +1963,14 @@ impl CachingFs {
                 if !admitted {
                     return Err(io::Error::from_raw_os_error(libc::ENOSPC));
                 }
-                if end > old_size {
-                    files.data.set_len(end)?;
-                }
-                files.data.write_all_at(data, offset)
+                // Counted by what the data file grew on disk: an overwrite adds nothing.
+                self.counted(&files.data, || {
+                    if end > old_size {
+                        files.data.set_len(end)?;
+                    }
+                    files.data.write_all_at(data, offset)
+                })
             })();
-            if r.is_ok() {
-                self.usage.add(data.len() as u64);
-            }
             if r.is_err() || after.size != expected {
                 // A cache error or a full cache, or someone else changed the source's size
                 // meanwhile: keep nothing of this file but an empty record.
@@ -2287,9 +2323,7 @@ impl EvictTarget for CachingFs {
     }
 
     fn cache_fs_free(&self) -> u64 {
-        rustix::fs::statvfs(&self.cfg.cache_dir)
-            .map(|s| s.f_bavail * s.f_frsize)
-            .unwrap_or(u64::MAX)
+        self.cache.fs_free().unwrap_or(u64::MAX)
     }
 }
 

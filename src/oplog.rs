@@ -14,15 +14,20 @@
 //!   the operation it interrupted (each operation detects that it was already done).
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use rustix::fs::OFlags;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cache::record::SourceIdentity;
+use crate::cache::store::{
+    is_ours, private_dir, private_file, read_small_file, remove_tree, replace_file,
+};
+use crate::source::BeneathRoot;
 
 /// What the source should hold at a path before an operation is applied to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +154,10 @@ pub struct Progress {
 }
 
 pub struct OpLog {
-    dir: PathBuf,
+    /// `CACHE_DIR/oplog`, reached beneath the cache root; everything in it beneath it.
+    dir: BeneathRoot,
+    /// `oplog/data`: the containers.
+    data: BeneathRoot,
     log: File,
     entries: Vec<Entry>,
     next_seq: u64,
@@ -158,17 +166,8 @@ pub struct OpLog {
     touched: HashSet<PathBuf>,
 }
 
-fn private_file(p: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(p)
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+fn sync_dir(dir: &BeneathRoot) -> io::Result<()> {
+    rustix::fs::fsync(dir.root_fd()).map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
 }
 
 fn encode(e: &Entry) -> String {
@@ -185,18 +184,19 @@ fn decode(line: &str) -> Option<Entry> {
 }
 
 impl OpLog {
-    /// Opens (or creates) the log in `dir`, dropping a torn last line.
-    pub fn open(dir: &Path) -> io::Result<OpLog> {
+    /// Opens (or creates) the log in `dir` (the `oplog` directory, opened beneath the
+    /// cache root), dropping a torn last line. A log, progress file or container that is
+    /// not a regular file of hoardfs's (a link planted there) is an error, never followed:
+    /// it may stand for changes not yet replayed.
+    pub fn open(dir: BeneathRoot) -> io::Result<OpLog> {
         // Owner-only, like the rest of the cache: it holds file contents.
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir.join("data"))?;
-        let path = dir.join("log");
+        let data = private_dir(&dir, Path::new("data"), false)?;
+        let mut log = private_file(&dir, Path::new("log"), OFlags::RDWR | OFlags::APPEND, false)?;
         let mut entries = Vec::new();
         let mut good_len = 0u64;
-        if let Ok(f) = File::open(&path) {
-            let mut r = io::BufReader::new(f);
+        {
+            io::Seek::seek(&mut log, io::SeekFrom::Start(0))?;
+            let mut r = io::BufReader::new(&log);
             let mut line = String::new();
             loop {
                 line.clear();
@@ -213,22 +213,16 @@ impl OpLog {
                 }
             }
         }
-        let log = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .mode(0o600)
-            .open(&path)?;
         if log.metadata()?.len() != good_len {
             tracing::warn!("offline log: dropping a torn last entry");
             log.set_len(good_len)?;
             log.sync_all()?;
         }
-        let progress = match fs::read(dir.join("progress")) {
+        let progress = match read_small_file(&dir, Path::new("progress")) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("{}: {e}", dir.join("progress").display()),
+                    format!("{}: {e}", dir.root_path().join("progress").display()),
                 )
             })?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Progress::default(),
@@ -240,7 +234,8 @@ impl OpLog {
             .max(progress.applied)
             + 1;
         let mut log = OpLog {
-            dir: dir.to_path_buf(),
+            dir,
+            data,
             log,
             entries,
             next_seq,
@@ -253,10 +248,11 @@ impl OpLog {
         }
         // Containers whose entry was never written (a crash between copy and append).
         let live: HashSet<String> = log.entries.iter().map(|e| e.seq.to_string()).collect();
-        if let Ok(rd) = fs::read_dir(dir.join("data")) {
+        if let Ok(rd) = rustix::fs::Dir::read_from(log.data.root_fd()) {
             for f in rd.flatten() {
-                if !live.contains(&f.file_name().to_string_lossy().to_string()) {
-                    let _ = fs::remove_file(f.path());
+                let name = f.file_name().to_string_lossy().to_string();
+                if name != "." && name != ".." && !live.contains(&name) {
+                    let _ = remove_tree(&log.data, Path::new(&name));
                 }
             }
         }
@@ -298,19 +294,35 @@ impl OpLog {
         self.next_seq
     }
 
-    pub fn container(&self, seq: u64) -> PathBuf {
-        self.dir.join("data").join(seq.to_string())
+    /// The name of entry `seq`'s container in `oplog/data`.
+    fn container(seq: u64) -> PathBuf {
+        PathBuf::from(seq.to_string())
+    }
+
+    /// Opens the content of entry `seq` for reading: only a regular file of hoardfs's with
+    /// one link (a link planted there would send another file's bytes to the source).
+    pub fn open_container(&self, seq: u64) -> io::Result<File> {
+        let fd = self
+            .data
+            .openat(&Self::container(seq), OFlags::RDONLY | OFlags::NONBLOCK, 0)?;
+        if !is_ours(&crate::source::fstat(std::os::fd::AsFd::as_fd(&fd))?, false) {
+            return Err(io::Error::other(format!(
+                "{}: not a file of hoardfs's",
+                self.data.root_path().join(seq.to_string()).display()
+            )));
+        }
+        Ok(File::from(fd))
     }
 
     /// Copies `content` into the container of the next entry, durably.
     pub fn stash(&self, content: &File) -> io::Result<()> {
-        let dest = self.container(self.next_seq);
-        let mut out = private_file(&dest)?;
+        let dest = Self::container(self.next_seq);
+        let mut out = private_file(&self.data, &dest, OFlags::WRONLY | OFlags::TRUNC, true)?;
         let mut src = content.try_clone()?;
         io::Seek::seek(&mut src, io::SeekFrom::Start(0))?;
         io::copy(&mut src, &mut out)?;
         out.sync_all()?;
-        sync_dir(&self.dir.join("data"))
+        sync_dir(&self.data)
     }
 
     /// Appends `op` durably; returns its sequence number.
@@ -347,7 +359,7 @@ impl OpLog {
         progress.produced.sort_by(|a, b| a.0.cmp(&b.0));
         self.save_progress(progress)?;
         self.entries.retain(|e| e.seq > seq);
-        let _ = fs::remove_file(self.container(seq));
+        let _ = self.data.unlink(&Self::container(seq));
         if self.entries.is_empty() {
             self.clear()?;
         }
@@ -362,12 +374,8 @@ impl OpLog {
     }
 
     fn save_progress(&mut self, progress: Progress) -> io::Result<()> {
-        let tmp = self.dir.join("progress.tmp");
-        let mut f = private_file(&tmp)?;
-        f.write_all(&serde_json::to_vec(&progress).expect("progress serialises"))?;
-        f.sync_all()?;
-        fs::rename(&tmp, self.dir.join("progress"))?;
-        sync_dir(&self.dir)?;
+        let bytes = serde_json::to_vec(&progress).expect("progress serialises");
+        replace_file(&self.dir, Path::new("progress"), &bytes)?;
         self.progress = progress;
         Ok(())
     }
@@ -377,7 +385,7 @@ impl OpLog {
     fn clear(&mut self) -> io::Result<()> {
         self.log.set_len(0)?;
         self.log.sync_all()?;
-        let _ = fs::remove_file(self.dir.join("progress"));
+        let _ = self.dir.unlink(Path::new("progress"));
         sync_dir(&self.dir)?;
         self.progress = Progress {
             applied: self.next_seq - 1,
@@ -400,6 +408,21 @@ impl OpLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::{self, OpenOptions};
+
+    fn dir(d: &Path) -> BeneathRoot {
+        let fd = rustix::fs::open(
+            d,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        BeneathRoot::from_fd(fd, d.to_path_buf())
+    }
+
+    fn container(d: &Path, seq: u64) -> PathBuf {
+        d.join("data").join(seq.to_string())
+    }
 
     fn store(p: &str) -> Op {
         Op::Store {
@@ -413,7 +436,7 @@ mod tests {
     #[test]
     fn entries_survive_reopen_and_a_torn_tail_is_dropped() {
         let d = tempfile::tempdir().unwrap();
-        let mut log = OpLog::open(d.path()).unwrap();
+        let mut log = OpLog::open(dir(d.path())).unwrap();
         assert!(log.is_empty());
         log.append(store("a"), 1).unwrap();
         log.append(
@@ -434,52 +457,52 @@ mod tests {
             .open(d.path().join("log"))
             .unwrap();
         f.write_all(b"0000abcd {\"seq\":3,\"at\"").unwrap();
-        let mut log = OpLog::open(d.path()).unwrap();
+        let mut log = OpLog::open(dir(d.path())).unwrap();
         assert_eq!(log.pending().len(), 2);
         assert_eq!(log.pending()[0].op, store("a"));
         assert_eq!(log.next_seq(), 3);
         assert_eq!(log.append(store("c"), 3).unwrap(), 3);
-        assert_eq!(OpLog::open(d.path()).unwrap().pending().len(), 3);
+        assert_eq!(OpLog::open(dir(d.path())).unwrap().pending().len(), 3);
     }
 
     #[test]
     fn a_corrupt_line_ends_the_log() {
         let d = tempfile::tempdir().unwrap();
-        let mut log = OpLog::open(d.path()).unwrap();
+        let mut log = OpLog::open(dir(d.path())).unwrap();
         log.append(store("a"), 1).unwrap();
         log.append(store("b"), 1).unwrap();
         drop(log);
         let text = fs::read_to_string(d.path().join("log")).unwrap();
         fs::write(d.path().join("log"), text.replace("[98]", "[99]")).unwrap();
-        assert_eq!(OpLog::open(d.path()).unwrap().pending().len(), 1);
+        assert_eq!(OpLog::open(dir(d.path())).unwrap().pending().len(), 1);
     }
 
     #[test]
     fn progress_resumes_and_a_finished_log_is_emptied() {
         let d = tempfile::tempdir().unwrap();
-        let mut log = OpLog::open(d.path()).unwrap();
+        let mut log = OpLog::open(dir(d.path())).unwrap();
         let content = tempfile::tempfile().unwrap();
         (&content).write_all(b"hello").unwrap();
         log.stash(&content).unwrap();
         let s1 = log.append(store("a"), 1).unwrap();
-        assert_eq!(fs::read(log.container(s1)).unwrap(), b"hello");
+        assert_eq!(fs::read(container(d.path(), s1)).unwrap(), b"hello");
         log.stash(&content).unwrap();
         let s2 = log.append(store("b"), 1).unwrap();
         // An orphan container: copied, but its entry never appended.
-        fs::write(log.container(s2 + 1), b"orphan").unwrap();
+        fs::write(container(d.path(), s2 + 1), b"orphan").unwrap();
         let mut produced = HashMap::new();
         produced.insert(PathBuf::from("a"), Produced::Conflicted);
         log.applied(s1, &produced).unwrap();
         drop(log);
-        let mut log = OpLog::open(d.path()).unwrap();
-        assert!(!log.container(s2 + 1).exists());
-        assert!(!log.container(s1).exists());
+        let mut log = OpLog::open(dir(d.path())).unwrap();
+        assert!(!container(d.path(), s2 + 1).exists());
+        assert!(!container(d.path(), s1).exists());
         assert_eq!(log.pending().len(), 1);
         assert_eq!(log.produced_map(), produced);
         log.applied(s2, &produced).unwrap();
         assert!(log.is_empty());
         assert_eq!(fs::metadata(d.path().join("log")).unwrap().len(), 0);
-        let log = OpLog::open(d.path()).unwrap();
+        let log = OpLog::open(dir(d.path())).unwrap();
         assert!(log.is_empty());
         assert_eq!(log.base_for(Path::new("a"), Base::Absent), Base::Absent);
     }

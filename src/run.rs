@@ -216,7 +216,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     );
     fs.usage.set_limits(Some(CachingFs::initial_limits(&cfg)?));
     crate::cleaner::spawn(
-        cfg.cache_dir.clone(),
+        fs.cache.trees(),
         fs.pins.clone(),
         fs.usage.clone(),
         fs.clone(),
@@ -232,7 +232,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     }
 
     if let Some(ready) = ready.take() {
-        redirect_stdio(&cfg)?;
+        redirect_stdio(fs.cache.open_log()?)?;
         std::fs::File::from(ready).write_all(b"ready")?;
     }
     tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache = %cfg.cache_dir.display(), "mounted");
@@ -317,12 +317,8 @@ fn mount_as_root(cfg: &Config) -> anyhow::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// A daemon's output goes to `CACHE_DIR/hoardfs.log`.
-fn redirect_stdio(cfg: &Config) -> anyhow::Result<()> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(cfg.cache_dir.join("hoardfs.log"))?;
+/// A daemon's output goes to `CACHE_DIR/hoardfs.log` (`log`, see `CacheStore::open_log`).
+fn redirect_stdio(log: std::fs::File) -> anyhow::Result<()> {
     let null = std::fs::File::open("/dev/null")?;
     unsafe {
         libc::dup2(null.as_raw_fd(), 0);

@@ -172,6 +172,11 @@ impl BeneathRoot {
         })
     }
 
+    /// A tree rooted at an already open directory (`root_path` is for messages only).
+    pub fn from_fd(root: OwnedFd, root_path: PathBuf) -> BeneathRoot {
+        BeneathRoot { root, root_path }
+    }
+
     pub fn root_path(&self) -> &Path {
         &self.root_path
     }

@@ -230,3 +230,153 @@ fn large_files_lose_chunks_not_everything() {
         "only the evicted chunks come back"
     );
 }
+
+/// Records in the cache (cached files).
+fn records(t: &TestMount) -> u64 {
+    fn walk(p: &Path) -> u64 {
+        let Ok(rd) = fs::read_dir(p) else { return 0 };
+        rd.flatten()
+            .map(|e| match e.file_type() {
+                Ok(ft) if ft.is_dir() => walk(&e.path()),
+                Ok(ft) if ft.is_file() => 1,
+                _ => 0,
+            })
+            .sum()
+    }
+    walk(&t.cache.join("meta"))
+}
+
+/// `hoardfs stats` against the cache on disk: bytes within 10 % (and one chunk), files
+/// exact.
+fn assert_usage_true(t: &TestMount, when: &str) {
+    let s = t.stats();
+    let du = cache_disk_usage(t);
+    let diff = s.cache_bytes.abs_diff(du);
+    assert!(
+        diff <= du / 10 + CHUNK,
+        "{when}: stats say {} bytes, the cache holds {du}",
+        s.cache_bytes
+    );
+    assert_eq!(s.cache_files, records(t), "{when}: file count");
+}
+
+#[test]
+fn the_usage_figure_follows_rewrites_truncations_and_evictions() {
+    use std::os::unix::fs::FileExt;
+    let t = TestMount::new(&["--cache-size", "1G", "--chunk-size", "64K"]);
+    for i in 0..20 {
+        fs::write(t.s(&format!("small{i}")), pattern(8 << 10, i)).unwrap();
+        fs::read(t.m(&format!("small{i}"))).unwrap();
+    }
+    let big = pattern(1 << 20, 99);
+    fs::write(t.s("big"), &big).unwrap();
+    assert_eq!(fs::read(t.m("big")).unwrap(), big);
+    wait_for("records", || records(&t) == 21);
+    assert_usage_true(&t, "after caching 21 files");
+    // One 4 KiB block rewritten 3000 times: the cache does not grow.
+    let f = fs::OpenOptions::new().write(true).open(t.m("big")).unwrap();
+    for i in 0..3000u64 {
+        f.write_all_at(&pattern(4096, i), 0).unwrap();
+    }
+    assert_usage_true(&t, "after 3000 rewrites");
+    // Truncated through the open file: the cache shrinks.
+    f.set_len(4096).unwrap();
+    drop(f);
+    assert_usage_true(&t, "after a truncation");
+    fs::remove_file(t.m("small0")).unwrap();
+    fs::File::create(t.m("small1")).unwrap();
+    wait_for("release", || t.stats().open_handles == 0);
+    assert_usage_true(&t, "after an unlink and a truncating open");
+    // A clean down to almost nothing: the counts follow.
+    hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "20K"]);
+    assert!(records(&t) < 10, "most files evicted");
+    assert_usage_true(&t, "after a clean");
+    for i in 2..20 {
+        fs::read(t.m(&format!("small{i}"))).unwrap();
+    }
+    wait_for("records", || records(&t) == 20);
+    assert_usage_true(&t, "after caching again");
+}
+
+/// A tmpfs mounted over a directory for the test's life (lazily unmounted at the end).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(at).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+            .arg("tmpfs")
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        Tmpfs(at.to_path_buf())
+    }
+
+    fn free(&self) -> u64 {
+        let st = rustix::fs::statvfs(&self.0).unwrap();
+        st.f_bavail * st.f_frsize
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn min_free_holds_when_the_cache_size_is_larger_than_its_file_system() {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    const MIN_FREE: u64 = 2 << 20;
+    let mut t = TestMount::unmounted_at(
+        "mnt",
+        &[
+            "--cache-size",
+            "1G",
+            "--min-free",
+            "2M",
+            "--chunk-size",
+            "64K",
+            "--whole-file-threshold",
+            "128K",
+        ],
+    );
+    // The cache's file system holds 8 MiB; the cache may hold 1 GiB.
+    let tmpfs = Tmpfs::mount(&t.cache, "8m");
+    t.mount();
+    let n = 30;
+    for i in 0..n {
+        fs::write(t.s(&format!("f{i}")), pattern(512 << 10, i)).unwrap();
+    }
+    for i in 0..n {
+        assert_eq!(
+            fs::read(t.m(&format!("f{i}"))).unwrap(),
+            pattern(512 << 10, i),
+            "f{i} reads right"
+        );
+        // A few chunks in flight may go below the floor before the cleaner runs; the
+        // file system never fills.
+        let free = tmpfs.free();
+        assert!(
+            free + (1 << 20) >= MIN_FREE,
+            "after f{i}: {free} bytes free, min_free is {MIN_FREE}"
+        );
+    }
+    let s = t.stats();
+    assert_eq!(s.cache.cache_errors, 0, "the cache never ran out of space");
+    assert!(
+        s.cleaner.evicted_files + s.cleaner.evicted_chunks > 0,
+        "the cleaner made room: {:?}",
+        s.cleaner
+    );
+    // Space comes back without a restart: min_free holds once the cleaner has run.
+    wait_for("min_free", || tmpfs.free() >= MIN_FREE);
+    // And caching goes on: the last file read is cached (at least in part).
+    assert!(cached(&t, &format!("f{}", n - 1)));
+    t.unmount();
+    drop(tmpfs);
+}

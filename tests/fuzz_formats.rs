@@ -238,7 +238,8 @@ proptest! {
             Ok(_) => prop_assert_eq!(&format[..], b"hoardfs cache 1\n"),
             Err(e) => prop_assert!(e.to_string().contains("unknown format"), "{}", e),
         }
-        let p = Pins::load(d.path()).unwrap();
+        let root = hoardfs::source::BeneathRoot::open(d.path()).unwrap();
+        let p = Pins::load(std::sync::Arc::new(root)).unwrap();
         prop_assert!(!p.is_pinned(Path::new("")) || p.list().iter().all(|x| !x.as_os_str().is_empty()));
     }
 }

@@ -9,7 +9,13 @@
 //! CACHE_DIR/dirs/<hash>   a directory's listing with attributes, for offline use (listing.rs)
 //! CACHE_DIR/source.json   the kind of file system and root the cache was filled from
 //! CACHE_DIR/oplog/        changes made offline, waiting for replay (oplog.rs)
+//! CACHE_DIR/pins          paths the cleaner never evicts (cleaner.rs)
+//! CACHE_DIR/hoardfs.log   the daemon's log (when it runs in the background)
+//! CACHE_DIR/conflicts.log, lost+found/   what offline replay could not apply
 //! ```
+//!
+//! The root is opened once and every entry above is reached beneath it without following
+//! links, with modes 0600/0700 (`store.rs`; docs/security.md C1-C5).
 
 pub mod listing;
 pub mod record;

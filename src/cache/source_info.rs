@@ -4,10 +4,11 @@
 //! network share that is not mounted leaves its empty mount point behind: serving that
 //! would hide the cache, and writing there would put files in the wrong place).
 
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::BorrowedFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+
+use crate::source::BeneathRoot;
 
 use serde::{Deserialize, Serialize};
 
@@ -66,25 +67,19 @@ impl SourceInfo {
         })
     }
 
-    /// What an earlier mount recorded in `cache_dir`, if anything readable.
-    pub fn load(cache_dir: &Path) -> Option<SourceInfo> {
-        let bytes = std::fs::read(cache_dir.join(FILE)).ok()?;
+    /// What an earlier mount recorded in the cache root `cache`, if anything readable.
+    pub fn load(cache: &BeneathRoot) -> Option<SourceInfo> {
+        let bytes = super::store::read_small_file(cache, Path::new(FILE)).ok()?;
         serde_json::from_slice(&bytes)
-            .inspect_err(|e| tracing::warn!("ignoring {}: {e}", cache_dir.join(FILE).display()))
+            .inspect_err(|e| {
+                tracing::warn!("ignoring {}: {e}", cache.root_path().join(FILE).display())
+            })
             .ok()
     }
 
-    pub fn save(&self, cache_dir: &Path) -> io::Result<()> {
-        let tmp = cache_dir.join(format!("{FILE}.tmp"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&serde_json::to_vec(self).expect("serialises"))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, cache_dir.join(FILE))
+    pub fn save(&self, cache: &BeneathRoot) -> io::Result<()> {
+        let bytes = serde_json::to_vec(self).expect("serialises");
+        super::store::replace_file(cache, Path::new(FILE), &bytes)
     }
 
     /// Why a source now found at the path cannot be the one this cache was filled from,
@@ -129,10 +124,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = std::fs::File::open(d.path()).unwrap();
         let info = SourceInfo::of(root.as_fd()).unwrap();
+        let cache = BeneathRoot::open(d.path()).unwrap();
         assert!(!info.remote && info.stable_ino);
-        assert_eq!(SourceInfo::load(d.path()), None);
-        info.save(d.path()).unwrap();
-        assert_eq!(SourceInfo::load(d.path()), Some(info));
+        assert_eq!(SourceInfo::load(&cache), None);
+        info.save(&cache).unwrap();
+        assert_eq!(SourceInfo::load(&cache), Some(info));
         assert_eq!(info.mismatch(&info), None);
         let sshfs = SourceInfo {
             fs_type: 0x6573_5546,
@@ -143,6 +139,6 @@ mod tests {
         assert!(sshfs.mismatch(&info).unwrap().contains("not mounted"));
         assert_eq!(sshfs.mismatch(&sshfs), None);
         std::fs::write(d.path().join(FILE), b"{garbage").unwrap();
-        assert_eq!(SourceInfo::load(d.path()), None);
+        assert_eq!(SourceInfo::load(&cache), None);
     }
 }

@@ -1,18 +1,22 @@
-//! File-level operations on the cache directory. All paths are resolved beneath the cache
-//! root without following symlinks, like the source's (the cache dir may be shared or
-//! tampered with; it is never trusted to lead elsewhere).
+//! File-level operations on the cache directory. The cache root is opened once and every
+//! path in it, top-level entries included, is resolved beneath that descriptor without
+//! following symlinks, like the source's (the cache dir may be shared or tampered with; it
+//! is never trusted to lead elsewhere). A file hoardfs writes is used only if it is a
+//! regular file of its own with one link; anything else under its name is replaced, never
+//! written through (docs/security.md, C1-C5).
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::OFlags;
 
 use super::listing::{self, DirListing};
 use super::record::{CacheRecord, DataIdentity};
-use crate::source::{BeneathRoot, cvt, fstat};
+use crate::source::{BeneathRoot, Stat, cvt, fstat};
 
 const FORMAT_LINE: &str = "hoardfs cache 1\n";
 
@@ -22,8 +26,10 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// The cache directory of one mount.
 #[derive(Debug)]
 pub struct CacheStore {
-    data: BeneathRoot,
-    meta: BeneathRoot,
+    /// The cache root itself, opened once: every top-level entry is reached beneath it.
+    top: Arc<BeneathRoot>,
+    data: Arc<BeneathRoot>,
+    meta: Arc<BeneathRoot>,
     /// Directory listings for disconnected operation (`listing.rs`).
     dirs: BeneathRoot,
     root: PathBuf,
@@ -40,16 +46,46 @@ pub struct CacheFiles {
 
 impl CacheStore {
     /// Opens (creating if needed) the cache at `root` and locks it for this process.
+    ///
+    /// The root is opened once (`O_DIRECTORY | O_NOFOLLOW`) and everything in it, top-level
+    /// files and directories included, is reached beneath that descriptor without
+    /// following any symlink (`BeneathRoot`). A directory that is refused (not ours, not a
+    /// hoardfs cache) is left exactly as it was.
     pub fn open(root: &Path) -> anyhow::Result<CacheStore> {
         use anyhow::Context;
-        std::fs::create_dir_all(root)
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
             .with_context(|| format!("cannot create cache directory {}", root.display()))?;
-        // The cache holds copies of files other users may not read, under their source
-        // names: only the daemon's user may enter it (whatever the umask made of it).
-        set_private(root)
-            .with_context(|| format!("cannot restrict cache directory {}", root.display()))?;
-        let format_path = root.join("FORMAT");
-        match std::fs::read(&format_path) {
+        let fd = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
+        .with_context(|| format!("cannot open cache directory {}", root.display()))?;
+        rustix::fs::accessat(
+            &fd,
+            ".",
+            rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+            rustix::fs::AtFlags::empty(),
+        )
+        .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
+        .with_context(|| format!("cannot use cache directory {}", root.display()))?;
+        let st = fstat(fd.as_fd())?;
+        let euid = rustix::process::geteuid().as_raw();
+        if st.uid != euid {
+            anyhow::bail!(
+                "cache directory {} belongs to uid {}, not to this user (uid {euid}); refusing \
+                 to use it (its owner could plant links in it)",
+                root.display(),
+                st.uid
+            );
+        }
+        let top = BeneathRoot::from_fd(fd, root.to_path_buf());
+        match read_small_file(&top, Path::new("FORMAT")) {
             Ok(s) => check_format(&s).map_err(|found| {
                 anyhow::anyhow!(
                     "cache directory {} holds an unknown format ({found}); use another --cache-dir or empty it",
@@ -57,7 +93,10 @@ impl CacheStore {
                 )
             })?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let is_empty = std::fs::read_dir(root)?.next().is_none();
+                let is_empty = rustix::fs::Dir::read_from(top.root_fd())
+                    .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))?
+                    .filter_map(|e| e.ok())
+                    .all(|e| matches!(e.file_name().to_bytes(), b"." | b".."));
                 if !is_empty {
                     anyhow::bail!(
                         "cache directory {} is not empty and is not a hoardfs cache; refusing to use it",
@@ -66,18 +105,22 @@ impl CacheStore {
                 }
                 // Written whole or not at all: a crash here must not leave a torn FORMAT
                 // that makes the next mount refuse the directory.
-                let tmp = root.join("FORMAT.tmp");
-                std::fs::write(&tmp, FORMAT_LINE)?;
-                File::open(&tmp)?.sync_all()?;
-                std::fs::rename(&tmp, &format_path)?;
+                replace_file(&top, Path::new("FORMAT"), FORMAT_LINE.as_bytes())?;
             }
-            Err(e) => return Err(e).context("cannot read the cache FORMAT file"),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot read the FORMAT file of cache directory {}", root.display())
+                });
+            }
         }
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(root.join("lock"))?;
+        // Accepted: only now is anything changed. The cache holds copies of files other
+        // users may not read, under their source names: only the daemon's user may enter it.
+        if st.mode & 0o077 != 0 {
+            rustix::fs::fchmod(top.root_fd(), rustix::fs::Mode::from_raw_mode(0o700))
+                .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
+                .with_context(|| format!("cannot restrict cache directory {}", root.display()))?;
+        }
+        let lock = private_file(&top, Path::new("lock"), OFlags::RDWR, true)?;
         // A daemon whose mount was just unmounted lets go as it exits: give it a moment,
         // so that `umount M && hoardfs S M` works.
         let deadline = std::time::Instant::now() + LOCK_WAIT;
@@ -92,22 +135,54 @@ impl CacheStore {
             );
         }
         // A FORMAT.tmp left by a crash of a first mount.
-        let _ = std::fs::remove_file(root.join("FORMAT.tmp"));
-        for sub in ["data", "meta", "dirs"] {
-            std::fs::create_dir_all(root.join(sub))?;
-            set_private(&root.join(sub))?;
-        }
+        let _ = top.unlink(Path::new("FORMAT.tmp"));
+        let sub = |name: &str| private_dir(&top, Path::new(name), true);
         Ok(CacheStore {
-            data: BeneathRoot::open(&root.join("data"))?,
-            meta: BeneathRoot::open(&root.join("meta"))?,
-            dirs: BeneathRoot::open(&root.join("dirs"))?,
+            data: Arc::new(sub("data")?),
+            meta: Arc::new(sub("meta")?),
+            dirs: sub("dirs")?,
+            top: Arc::new(top),
             root: root.to_path_buf(),
             _lock: lock,
         })
     }
 
+    /// The cache root, for entries beside the trees (`source.json`, `pins`, `oplog/`, ...).
+    pub fn top(&self) -> &Arc<BeneathRoot> {
+        &self.top
+    }
+
+    /// The record and data trees, for the cleaner.
+    pub fn trees(&self) -> crate::cleaner::Trees {
+        crate::cleaner::Trees {
+            meta: self.meta.clone(),
+            data: self.data.clone(),
+        }
+    }
+
+    /// Creates (0700) or opens the directory `name` of the cache root (`oplog`,
+    /// `lost+found`); anything else under that name is an error, never followed.
+    pub fn private_dir(&self, name: &str) -> io::Result<BeneathRoot> {
+        private_dir(&self.top, Path::new(name), false)
+    }
+
+    /// The daemon's log, `CACHE_DIR/hoardfs.log`, opened for appending (0600).
+    pub fn open_log(&self) -> io::Result<File> {
+        private_file(
+            &self.top,
+            Path::new("hoardfs.log"),
+            OFlags::WRONLY | OFlags::APPEND,
+            true,
+        )
+    }
+
+    /// Free bytes on the cache's file system (for `min_free`).
+    pub fn fs_free(&self) -> io::Result<u64> {
+        fs_free(self.top.root_fd())
+    }
+
     /// The data tree (the mirrored source names).
-    pub fn data_dir(&self) -> &BeneathRoot {
+    pub fn data_dir(&self) -> &Arc<BeneathRoot> {
         &self.data
     }
 
@@ -116,21 +191,15 @@ impl CacheStore {
     }
 
     /// Opens the data file and record of `rel`, creating them (and their directories).
+    /// Whatever is found under their names that is not a regular file of ours with one
+    /// link (a directory, symlink, device, or a hard link to a file elsewhere) is replaced,
+    /// never written through.
     pub fn open_files(&self, rel: &Path) -> io::Result<CacheFiles> {
         let open = |tree: &BeneathRoot| -> io::Result<File> {
             if let Some(parent) = rel.parent() {
                 mkdir_p(tree, parent)?;
             }
-            let flags = OFlags::RDWR | OFlags::CREATE;
-            match tree.openat(rel, flags, 0o600) {
-                Ok(fd) => Ok(File::from(fd)),
-                // A directory (or symlink) sits where the file belongs: it is stale.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EISDIR | libc::ELOOP)) => {
-                    remove_tree(tree, rel)?;
-                    Ok(File::from(tree.openat(rel, flags, 0o600)?))
-                }
-                Err(e) => Err(e),
-            }
+            private_file(tree, rel, OFlags::RDWR, true)
         };
         Ok(CacheFiles {
             data: open(&self.data)?,
@@ -138,9 +207,14 @@ impl CacheStore {
         })
     }
 
-    /// Opens the data file and record of `rel` if both exist (never creates anything).
+    /// Opens the data file and record of `rel` if both exist and are hoardfs's own (never
+    /// creates anything; a planted link or special file counts as absent).
     pub fn open_existing(&self, rel: &Path) -> Option<CacheFiles> {
-        let open = |tree: &BeneathRoot| tree.openat(rel, OFlags::RDWR, 0).ok().map(File::from);
+        let open = |tree: &BeneathRoot| {
+            let fd = tree.openat(rel, OFlags::RDWR | OFlags::NONBLOCK, 0).ok()?;
+            let st = fstat(fd.as_fd()).ok()?;
+            is_ours(&st, false).then(|| File::from(fd))
+        };
         Some(CacheFiles {
             meta: open(&self.meta)?,
             data: open(&self.data)?,
@@ -151,10 +225,8 @@ impl CacheStore {
     pub fn save_listing(&self, listing: &DirListing) -> io::Result<()> {
         let name = listing::file_name(&listing.path);
         let tmp = PathBuf::from(format!("{name}.tmp"));
-        let fd = self
-            .dirs
-            .openat(&tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC, 0o600)?;
-        File::from(fd).write_all(&listing.encode())?;
+        private_file(&self.dirs, &tmp, OFlags::WRONLY | OFlags::TRUNC, true)?
+            .write_all(&listing.encode())?;
         self.dirs.rename(&tmp, Path::new(&name), 0)
     }
 
@@ -233,6 +305,13 @@ impl CacheStore {
         }
     }
 
+    /// Whether a record of `rel` exists (a cached file).
+    pub fn has_record(&self, rel: &Path) -> bool {
+        self.meta
+            .stat(rel)
+            .is_ok_and(|st| st.mode & libc::S_IFMT == libc::S_IFREG)
+    }
+
     /// Bytes the data file of `rel` occupies on disk.
     pub fn data_bytes(&self, rel: &Path) -> u64 {
         self.data.stat(rel).map(|st| st.blocks * 512).unwrap_or(0)
@@ -249,13 +328,178 @@ pub fn check_format(bytes: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Sets a directory of the cache to mode 0700 if it is more open than that.
-fn set_private(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::symlink_metadata(dir)?.permissions().mode();
-    if mode & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+fn rustix_io(e: rustix::io::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+/// Free bytes (for an unprivileged user) on the file system of the open directory `fd`.
+pub fn fs_free(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    cvt(unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.f_bavail * st.f_frsize)
+}
+
+/// Whether `st` is an entry hoardfs made: owned by this process's user and, for a file, a
+/// regular file with one link (a second link would lead elsewhere: writing it would write
+/// there).
+pub fn is_ours(st: &Stat, dir: bool) -> bool {
+    let ty = st.mode & libc::S_IFMT;
+    st.uid == rustix::process::geteuid().as_raw()
+        && if dir {
+            ty == libc::S_IFDIR
+        } else {
+            ty == libc::S_IFREG && st.nlink == 1
+        }
+}
+
+/// Opens the file `rel` beneath `tree` with `flags` (`O_APPEND`, `O_TRUNC` as asked),
+/// creating it 0600 if missing; makes it 0600 if it was more open. Nothing is written
+/// (nor truncated) before the file is known to be hoardfs's: a symlink, directory or
+/// special file under its name is never hoardfs's and is removed (the name only, never
+/// what it leads to) and the file made anew; a regular file with another link (which
+/// would lead elsewhere) or of another user is replaced too with `replace`, and is an
+/// error without (for files whose content must not be lost, such as the offline log).
+pub fn private_file(
+    tree: &BeneathRoot,
+    rel: &Path,
+    flags: OFlags,
+    replace: bool,
+) -> io::Result<File> {
+    let trunc = flags.contains(OFlags::TRUNC);
+    // Non-blocking: opening a planted FIFO must not hang the daemon.
+    let flags = (flags - OFlags::TRUNC - OFlags::EXCL) | OFlags::CREATE | OFlags::NONBLOCK;
+    let shown = tree.root_path().join(rel);
+    for attempt in 0..3 {
+        let excl = if attempt > 0 {
+            OFlags::EXCL
+        } else {
+            OFlags::empty()
+        };
+        let why = match tree.openat(rel, flags | excl, 0o600) {
+            Ok(fd) => {
+                let st = fstat(fd.as_fd())?;
+                if is_ours(&st, false) {
+                    if st.mode & 0o7077 != 0 {
+                        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))
+                            .map_err(rustix_io)?;
+                    }
+                    let fl = rustix::fs::fcntl_getfl(&fd).map_err(rustix_io)?;
+                    rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).map_err(rustix_io)?;
+                    let f = File::from(fd);
+                    if trunc {
+                        f.set_len(0)?;
+                    }
+                    return Ok(f);
+                }
+                if st.mode & libc::S_IFMT != libc::S_IFREG {
+                    format!("not a regular file (mode {:o})", st.mode)
+                } else if !replace {
+                    return Err(io::Error::other(format!(
+                        "{}: a file with {} links, of uid {}: not hoardfs's own; move it away",
+                        shown.display(),
+                        st.nlink,
+                        st.uid
+                    )));
+                } else if st.nlink != 1 {
+                    format!("a file with {} links", st.nlink)
+                } else {
+                    format!("a file of uid {}", st.uid)
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ELOOP | libc::EISDIR | libc::ENXIO | libc::EEXIST)
+                ) =>
+            {
+                format!("not a regular file ({e})")
+            }
+            Err(e) => return Err(e),
+        };
+        tracing::warn!("{}: {why}: replacing it", shown.display());
+        remove_tree(tree, rel)?;
     }
+    Err(io::Error::from_raw_os_error(libc::EEXIST))
+}
+
+/// Creates (0700) or opens the directory `rel` beneath `tree` as a tree of its own, and
+/// makes it owner-only. A symlink or file under its name is never hoardfs's and is removed
+/// (the name only) and the directory made anew; a directory of another user is replaced
+/// too with `replace`, and is an error without.
+pub fn private_dir(tree: &BeneathRoot, rel: &Path, replace: bool) -> io::Result<BeneathRoot> {
+    let shown = tree.root_path().join(rel);
+    for _ in 0..2 {
+        match tree.mkdir(rel, 0o700) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        let why = match tree.openat(rel, OFlags::RDONLY | OFlags::DIRECTORY, 0) {
+            Ok(fd) => {
+                let st = fstat(fd.as_fd())?;
+                if is_ours(&st, true) {
+                    if st.mode & 0o7077 != 0 {
+                        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o700))
+                            .map_err(rustix_io)?;
+                    }
+                    return Ok(BeneathRoot::from_fd(fd, shown));
+                }
+                if !replace {
+                    return Err(io::Error::other(format!(
+                        "{}: a directory of uid {}, not hoardfs's own; move it away",
+                        shown.display(),
+                        st.uid
+                    )));
+                }
+                format!("a directory of uid {}", st.uid)
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+                "not a directory (a symlink or a file)".to_string()
+            }
+            Err(e) => return Err(e),
+        };
+        tracing::warn!("{}: {why}: replacing it", shown.display());
+        remove_tree(tree, rel)?;
+    }
+    Err(io::Error::from_raw_os_error(libc::EEXIST))
+}
+
+/// The bytes of the regular file `rel` beneath `tree`. A link or special file under its
+/// name is never hoardfs's and is never followed: it reads as absent (`NotFound`), and
+/// `replace_file` replaces it.
+pub fn read_small_file(tree: &BeneathRoot, rel: &Path) -> io::Result<Vec<u8>> {
+    let not_ours = || {
+        let shown = tree.root_path().join(rel);
+        tracing::warn!("{}: not a regular file: ignoring it", shown.display());
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{}: not a regular file", shown.display()),
+        )
+    };
+    let fd = match tree.openat(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(not_ours()),
+        Err(e) => return Err(e),
+    };
+    if fstat(fd.as_fd())?.mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(not_ours());
+    }
+    let mut buf = Vec::new();
+    File::from(fd).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// Replaces the file `rel` beneath `tree` with `bytes`, durably and atomically (a fresh
+/// 0600 temporary file renamed over it: nothing is ever written through a link).
+pub fn replace_file(tree: &BeneathRoot, rel: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = rel.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = private_file(tree, &tmp, OFlags::WRONLY | OFlags::TRUNC, true)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    tree.rename(&tmp, rel, 0)?;
+    let _ = rustix::fs::fsync(tree.root_fd());
     Ok(())
 }
 
@@ -455,6 +699,63 @@ mod tests {
         s.rename(Path::new("d/f"), Path::new("e/g"), 0);
         let f = s.open_existing(Path::new("e/g")).unwrap();
         assert!(matches!(read_record(&f), Ok(Some(Ok(_)))));
+    }
+
+    #[test]
+    fn planted_links_and_special_files_are_replaced_never_followed() {
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("victim");
+        std::fs::write(&victim, b"outside").unwrap();
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let c = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(c.path()).unwrap();
+        let top = s.top();
+        std::os::unix::fs::symlink(&victim, c.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("new"), c.path().join("dangling")).unwrap();
+        std::fs::hard_link(&victim, c.path().join("hard")).unwrap();
+        let fifo =
+            std::ffi::CString::new(c.path().join("fifo").into_os_string().into_encoded_bytes())
+                .unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        for name in ["link", "dangling", "hard", "fifo"] {
+            let mut f = private_file(top, Path::new(name), OFlags::WRONLY | OFlags::TRUNC, true)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            f.write_all(b"mine").unwrap();
+            let m = std::fs::symlink_metadata(c.path().join(name)).unwrap();
+            assert!(m.is_file() && m.nlink() == 1, "{name}");
+            assert_eq!(m.permissions().mode() & 0o7777, 0o600, "{name}");
+        }
+        // Content that must not be lost (the offline log) is never replaced silently.
+        std::fs::hard_link(&victim, c.path().join("log")).unwrap();
+        let err = private_file(top, Path::new("log"), OFlags::RDWR | OFlags::APPEND, false);
+        assert!(err.unwrap_err().to_string().contains("links"));
+        // A directory planted as a symlink or a file.
+        std::os::unix::fs::symlink(outside.path(), c.path().join("d")).unwrap();
+        std::fs::write(c.path().join("e"), b"x").unwrap();
+        for name in ["d", "e"] {
+            let d = private_dir(top, Path::new(name), false).unwrap();
+            d.mkdir(Path::new("sub"), 0o700).unwrap();
+            assert!(
+                std::fs::symlink_metadata(c.path().join(name))
+                    .unwrap()
+                    .is_dir()
+            );
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"outside");
+        let names: Vec<_> = std::fs::read_dir(outside.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["victim"]);
+        assert_eq!(
+            std::fs::metadata(outside.path())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o755,
+            "the directory outside was chmodded"
+        );
     }
 
     #[test]

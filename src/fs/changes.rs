@@ -107,7 +107,7 @@ impl CachingFs {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     // Gone from the source: so is its cached copy (an open file keeps its
                     // cache files through its descriptors).
-                    if let Err(e) = self.cache.remove(path) {
+                    if let Err(e) = self.uncache(path) {
                         tracing::debug!(?path, "cannot drop cache entry: {e}");
                     }
                 }

@@ -131,7 +131,7 @@ impl CachingFs {
         }
         // The empty object at once, so that the name exists for everyone (and a
         // following stat finds it) before the first close uploads the content.
-        let _ = self.cache.remove(&path);
+        let _ = self.uncache(&path);
         let files = self.cache.open_files(&path).map_err(|_| Errno::EIO)?;
         files.data.set_len(0).map_err(|_| Errno::EIO)?;
         let owner = self.new_owner(&dir, uid, gid)?;

@@ -24,7 +24,7 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -268,10 +268,10 @@ impl CachingFs {
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
         self.offline_modify(state, path.as_deref(), |f, size| {
-            f.write_all_at(data, offset)?;
+            // Counted by what the file grew on disk: an overwrite adds nothing.
+            self.counted(f, || f.write_all_at(data, offset))?;
             Ok(size.max(offset + data.len() as u64))
         })?;
-        self.usage.add(data.len() as u64);
         Ok(data.len() as u32)
     }
 
@@ -363,7 +363,7 @@ impl CachingFs {
         }
         let st = self.synthetic(&dir_st, libc::S_IFREG | (mode & 0o7777), uid, gid);
         // The cache file first: the listing never names a file the cache lacks.
-        let _ = self.cache.remove(&path);
+        let _ = self.uncache(&path);
         let files = self.cache.open_files(&path).map_err(|_| Errno::EIO)?;
         let mut state = self.empty_state(self.identity(&st));
         files.data.set_len(0).map_err(|_| Errno::EIO)?;
@@ -535,7 +535,7 @@ impl CachingFs {
             dir: st,
             entries: Vec::new(),
         };
-        let _ = self.cache.remove(&path);
+        let _ = self.uncache(&path);
         if let Err(e) = self.cache.save_listing(&listing) {
             tracing::warn!(
                 ?path,
@@ -580,7 +580,7 @@ impl CachingFs {
             inode.remove_name(path);
             self.inodes.unlinked(&inode);
         }
-        if let Err(e) = self.cache.remove(path) {
+        if let Err(e) = self.uncache(path) {
             tracing::warn!(?path, "cannot drop cache entry: {e}");
         }
     }
@@ -801,20 +801,32 @@ impl CachingFs {
     /// Copies a Store's content that fits nowhere in the source into the cache's
     /// `lost+found/`; returns where.
     fn keep_aside(&self, e: &Entry, log: &OpLog) -> String {
-        let dir = self.cache.root().join("lost+found");
         let name = e.op.paths()[0]
             .file_name()
             .unwrap_or_default()
             .to_string_lossy()
             .to_string();
-        let dest = dir.join(format!("{}-{name}", e.seq));
-        let r = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .and_then(|_| std::fs::copy(log.container(e.seq), &dest));
+        let name = format!("{}-{name}", e.seq);
+        let r = (|| -> io::Result<()> {
+            let dir = self.cache.private_dir("lost+found")?;
+            let mut from = log.open_container(e.seq)?;
+            let mut to = crate::cache::store::private_file(
+                &dir,
+                Path::new(&name),
+                rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::TRUNC,
+                true,
+            )?;
+            io::copy(&mut from, &mut to)?;
+            to.sync_all()
+        })();
         match r {
-            Ok(_) => dest.display().to_string(),
+            Ok(()) => self
+                .cache
+                .root()
+                .join("lost+found")
+                .join(name)
+                .display()
+                .to_string(),
             Err(err) => format!("(nowhere: {err})"),
         }
     }
@@ -835,12 +847,13 @@ impl CachingFs {
         );
         tracing::warn!("{}", line.trim_end());
         self.source.health.conflicts.fetch_add(1, Relaxed);
-        let r = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(self.cache.root().join("conflicts.log"))
-            .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.sync_data()));
+        let r = crate::cache::store::private_file(
+            self.cache.top(),
+            Path::new("conflicts.log"),
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::APPEND,
+            true,
+        )
+        .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.sync_data()));
         if let Err(err) = r {
             tracing::warn!("cannot write conflicts.log: {err}");
         }
@@ -895,7 +908,7 @@ impl CachingFs {
                 owner,
             } => {
                 let p = crate::oplog::path(path);
-                let container = log.container(e.seq);
+                let container = log.open_container(e.seq)?;
                 let cur = self.current(&p)?;
                 if self.base_holds(*base, cur.as_ref(), &p, produced) {
                     let owner = cur.as_ref().map(|s| (s.uid, s.gid)).or(*owner);
@@ -932,7 +945,7 @@ impl CachingFs {
                     ),
                 );
                 produced.insert(p.clone(), Produced::Conflicted);
-                let _ = self.cache.remove(&p);
+                let _ = self.uncache(&p);
                 Ok(())
             }
             Op::Unlink { path, base } => {
@@ -1124,7 +1137,7 @@ impl CachingFs {
         &self,
         p: &Path,
         seq: u64,
-        container: &Path,
+        container: &File,
         mode: u32,
         owner: Option<(u32, u32)>,
         replace: bool,
@@ -1140,11 +1153,11 @@ impl CachingFs {
             r.create_file(&q, libc::O_WRONLY | libc::O_EXCL, 0o600)
         })?;
         let out = Arc::new(out);
-        let src = File::open(container)?;
+        let src = container;
         let mut off = 0u64;
         loop {
             let mut buf = vec![0u8; COPY_PIECE];
-            let n = super::read_full(&src, &mut buf, off)?;
+            let n = super::read_full(src, &mut buf, off)?;
             if n == 0 {
                 break;
             }
@@ -1182,8 +1195,8 @@ impl CachingFs {
     }
 
     /// Whether the source file `p` holds exactly the bytes of `container`.
-    fn same_content(&self, p: &Path, container: &Path) -> io::Result<bool> {
-        let mine = File::open(container)?;
+    fn same_content(&self, p: &Path, container: &File) -> io::Result<bool> {
+        let mine = container;
         let q = p.to_path_buf();
         let theirs = match self
             .source
@@ -1201,7 +1214,7 @@ impl CachingFs {
         let mut off = 0u64;
         loop {
             let mut a = vec![0u8; COPY_PIECE];
-            let n = super::read_full(&mine, &mut a, off)?;
+            let n = super::read_full(mine, &mut a, off)?;
             if n == 0 {
                 return Ok(true);
             }
@@ -1223,7 +1236,7 @@ impl CachingFs {
     /// After a Store reached the source: the cache keeps the file if it holds exactly
     /// what was sent (its record then vouches for the source's new version), else drops
     /// it. Files open through the mount are revalidated when the mount goes online.
-    fn settle_cache(&self, p: &Path, container: &Path, after: Option<&Stat>) {
+    fn settle_cache(&self, p: &Path, container: &File, after: Option<&Stat>) {
         let Some(after) = after else { return };
         let open = self
             .loaded
@@ -1238,7 +1251,7 @@ impl CachingFs {
             return;
         };
         let same = (|| -> io::Result<bool> {
-            let sent = File::open(container)?;
+            let sent = container;
             let len = sent.metadata()?.len();
             if len != after.size || files.data.metadata()?.len() != len {
                 return Ok(false);
@@ -1247,7 +1260,7 @@ impl CachingFs {
             let (mut a, mut b) = (vec![0u8; COPY_PIECE], vec![0u8; COPY_PIECE]);
             let mut off = 0;
             while off < len {
-                let n = super::read_full(&sent, &mut a, off)?;
+                let n = super::read_full(sent, &mut a, off)?;
                 if n == 0
                     || super::read_full(&files.data, &mut b[..n], off)? != n
                     || a[..n] != b[..n]
@@ -1262,11 +1275,11 @@ impl CachingFs {
             (Ok(true), Ok(Some(Ok(mut rec)))) if !rec.dirty => {
                 rec.identity = self.identity(after);
                 if write_record(&files, &rec, true).is_err() {
-                    let _ = self.cache.remove(p);
+                    let _ = self.uncache(p);
                 }
             }
             _ => {
-                let _ = self.cache.remove(p);
+                let _ = self.uncache(p);
             }
         }
     }
