@@ -271,7 +271,7 @@ fn the_usage_figure_follows_rewrites_truncations_and_evictions() {
     let big = pattern(1 << 20, 99);
     fs::write(t.s("big"), &big).unwrap();
     assert_eq!(fs::read(t.m("big")).unwrap(), big);
-    wait_for("records", || records(&t) == 21);
+    wait_until(Duration::from_secs(10), "records", || records(&t) == 21);
     assert_usage_true(&t, "after caching 21 files");
     // One 4 KiB block rewritten 3000 times: the cache does not grow.
     let f = fs::OpenOptions::new().write(true).open(t.m("big")).unwrap();
@@ -285,7 +285,9 @@ fn the_usage_figure_follows_rewrites_truncations_and_evictions() {
     assert_usage_true(&t, "after a truncation");
     fs::remove_file(t.m("small0")).unwrap();
     fs::File::create(t.m("small1")).unwrap();
-    wait_for("release", || t.stats().open_handles == 0);
+    wait_until(Duration::from_secs(10), "release", || {
+        t.stats().open_handles == 0
+    });
     assert_usage_true(&t, "after an unlink and a truncating open");
     // A clean down to almost nothing: the counts follow.
     hoardfs(&["clean", t.mnt.to_str().unwrap(), "--to", "20K"]);
@@ -294,7 +296,7 @@ fn the_usage_figure_follows_rewrites_truncations_and_evictions() {
     for i in 2..20 {
         fs::read(t.m(&format!("small{i}"))).unwrap();
     }
-    wait_for("records", || records(&t) == 20);
+    wait_until(Duration::from_secs(10), "records", || records(&t) == 20);
     assert_usage_true(&t, "after caching again");
 }
 
@@ -374,7 +376,9 @@ fn min_free_holds_when_the_cache_size_is_larger_than_its_file_system() {
         s.cleaner
     );
     // Space comes back without a restart: min_free holds once the cleaner has run.
-    wait_for("min_free", || tmpfs.free() >= MIN_FREE);
+    wait_until(Duration::from_secs(10), "min_free", || {
+        tmpfs.free() >= MIN_FREE
+    });
     // And caching goes on: the last file read is cached (at least in part).
     assert!(cached(&t, &format!("f{}", n - 1)));
     t.unmount();
