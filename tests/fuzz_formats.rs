@@ -28,6 +28,7 @@ fn record() -> impl Strategy<Value = CacheRecord> {
                         size,
                         mtime: (ms, mns),
                         ctime: (cs_, cns),
+                        racy: false,
                     },
                     cs,
                 );

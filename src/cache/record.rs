@@ -26,6 +26,9 @@ const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4 + 8 + 8 + 8 + 4 + 8 
 
 /// Set while writes are under way: the record's identity must not be trusted.
 const FLAG_DIRTY: u32 = 1;
+/// The identity was taken within the source's timestamp granularity of the file's mtime
+/// (`SourceIdentity::racy`).
+const FLAG_RACY: u32 = 2;
 
 /// What identifies one version of a source file: if any of it changes, the cache is stale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -34,6 +37,12 @@ pub struct SourceIdentity {
     pub size: u64,
     pub mtime: (i64, u32),
     pub ctime: (i64, u32),
+    /// Taken so soon after the file's mtime that a rewrite within the same timestamp tick
+    /// (same size, same mtime and ctime where the source's clock is coarse) would look
+    /// the same: git's "racily clean". A racy identity never equals one made from a stat
+    /// (`of` is never racy), so the version is checked again at the next open, when the
+    /// tick is over. Stored as a record flag.
+    pub racy: bool,
 }
 
 impl SourceIdentity {
@@ -43,7 +52,16 @@ impl SourceIdentity {
             size: st.size,
             mtime: st.mtime,
             ctime: st.ctime,
+            racy: false,
         }
+    }
+
+    /// `self`, racy if it was taken (at `now`, seconds and nanoseconds since the epoch)
+    /// less than `granularity` after its mtime, or before it (a clock ahead of ours).
+    pub fn checked_at(mut self, now: (i64, u32), granularity: std::time::Duration) -> Self {
+        let ns = |(s, n): (i64, u32)| i128::from(s) * 1_000_000_000 + i128::from(n);
+        self.racy = ns(now) - ns(self.mtime) < granularity.as_nanos() as i128;
+        self
     }
 }
 
@@ -178,7 +196,9 @@ impl CacheRecord {
         let mut b = Vec::with_capacity(HEADER_LEN + self.present.len() + 4);
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&FORMAT.to_le_bytes());
-        b.extend_from_slice(&(if self.dirty { FLAG_DIRTY } else { 0 }).to_le_bytes());
+        let flags = if self.dirty { FLAG_DIRTY } else { 0 }
+            | if self.identity.racy { FLAG_RACY } else { 0 };
+        b.extend_from_slice(&flags.to_le_bytes());
         b.extend_from_slice(&self.identity.ino.to_le_bytes());
         b.extend_from_slice(&self.identity.size.to_le_bytes());
         b.extend_from_slice(&self.identity.mtime.0.to_le_bytes());
@@ -224,6 +244,7 @@ impl CacheRecord {
             size: u64_at(24),
             mtime: (u64_at(32) as i64, u32_at(40)),
             ctime: (u64_at(44) as i64, u32_at(52)),
+            racy: flags & FLAG_RACY != 0,
         };
         let chunk_size = u64_at(56);
         let last_used = u64_at(64);
@@ -247,7 +268,9 @@ impl CacheRecord {
         let used_at = HEADER_LEN + bitmap_len;
         // Only canonical encodings are accepted: no unknown flags, no bits past the last chunk.
         let spare_bits = (bitmap_len as u64 * 8 - nchunks) as u32;
-        if flags & !FLAG_DIRTY != 0 || (spare_bits > 0 && b[used_at - 1] >> (8 - spare_bits) != 0) {
+        if flags & !(FLAG_DIRTY | FLAG_RACY) != 0
+            || (spare_bits > 0 && b[used_at - 1] >> (8 - spare_bits) != 0)
+        {
             return Err(RecordError::Inconsistent);
         }
         let chunk_used = (0..nchunks as usize)
@@ -276,6 +299,7 @@ mod tests {
             size,
             mtime: (1_700_000_000, 123),
             ctime: (1_700_000_001, 456),
+            racy: false,
         }
     }
 
@@ -337,5 +361,35 @@ mod tests {
             r.dirty = dirty;
             prop_assert_eq!(CacheRecord::decode(&r.encode()).unwrap(), r);
         }
+    }
+}
+
+#[cfg(test)]
+mod racy_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn an_identity_within_the_granularity_of_its_mtime_is_racy_and_kept_so() {
+        let id = SourceIdentity {
+            size: 4,
+            mtime: (100, 500_000_000),
+            ..Default::default()
+        };
+        let second = Duration::from_secs(1);
+        assert!(id.checked_at((101, 0), second).racy);
+        assert!(
+            id.checked_at((100, 400_000_000), second).racy,
+            "a clock ahead"
+        );
+        assert!(!id.checked_at((101, 500_000_000), second).racy);
+        assert!(!id.checked_at((100, 600_000_000), Duration::ZERO).racy);
+        // A racy identity never matches a stat's, and survives the record's round trip.
+        let racy = id.checked_at((101, 0), second);
+        assert_ne!(racy, id);
+        let rec = CacheRecord::empty(racy, 4);
+        let back = CacheRecord::decode(&rec.encode()).unwrap();
+        assert!(back.identity.racy);
+        assert_eq!(back.identity, racy);
     }
 }
