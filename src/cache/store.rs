@@ -26,6 +26,9 @@ pub struct CacheStore {
     meta: BeneathRoot,
     /// Directory listings for disconnected operation (`listing.rs`).
     dirs: BeneathRoot,
+    /// New data files while they are made, before they are renamed into `data/`; emptied
+    /// at start (what a crash left there belongs to nothing).
+    tmp: BeneathRoot,
     root: PathBuf,
     /// Held for the life of the store: one daemon per cache directory.
     _lock: File,
@@ -93,14 +96,19 @@ impl CacheStore {
         }
         // A FORMAT.tmp left by a crash of a first mount.
         let _ = std::fs::remove_file(root.join("FORMAT.tmp"));
-        for sub in ["data", "meta", "dirs"] {
+        for sub in ["data", "meta", "dirs", "tmp"] {
             std::fs::create_dir_all(root.join(sub))?;
             set_private(&root.join(sub))?;
+        }
+        let tmp = BeneathRoot::open(&root.join("tmp"))?;
+        for e in std::fs::read_dir(root.join("tmp"))? {
+            remove_tree(&tmp, Path::new(&e?.file_name()))?;
         }
         Ok(CacheStore {
             data: BeneathRoot::open(&root.join("data"))?,
             meta: BeneathRoot::open(&root.join("meta"))?,
             dirs: BeneathRoot::open(&root.join("dirs"))?,
+            tmp,
             root: root.to_path_buf(),
             _lock: lock,
         })
@@ -136,6 +144,41 @@ impl CacheStore {
             data: open(&self.data)?,
             meta: open(&self.meta)?,
         })
+    }
+
+    /// Puts a new data file of `len` bytes (a hole) at `rel` in place of the one there, and
+    /// returns it. The old file is never written: whoever holds it (an open handle, the
+    /// kernel's passthrough backing, a mapping) keeps reading its bytes whole. The new file
+    /// is made in `tmp/` (mode 0600, exclusive) and renamed over the old one, so the name
+    /// always leads to one whole file. The caller must write a record for the new file
+    /// afterwards: the old record's data identity no longer matches (crash rule 4).
+    pub fn replace_data(&self, rel: &Path, len: u64) -> io::Result<File> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if let Some(parent) = rel.parent() {
+            mkdir_p(&self.data, parent)?;
+        }
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = PathBuf::from(format!("new-{}-{n}", std::process::id()));
+        let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL;
+        let file = File::from(self.tmp.openat(&name, flags, 0o600)?);
+        let (tdir, tname) = self.data.parent(rel)?;
+        let (fdir, fname) = self.tmp.parent(&name)?;
+        let placed = file.set_len(len).and_then(|_| {
+            cvt(unsafe {
+                libc::renameat(
+                    fdir.as_raw_fd(),
+                    fname.as_ptr(),
+                    tdir.as_raw_fd(),
+                    tname.as_ptr(),
+                )
+            })
+            .map(|_| ())
+        });
+        if let Err(e) = placed {
+            let _ = self.tmp.unlink(&name);
+            return Err(e);
+        }
+        Ok(file)
     }
 
     /// Opens the data file and record of `rel` if both exist (never creates anything).
@@ -308,6 +351,15 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
         meta.sync_data()?;
     }
     Ok(())
+}
+
+/// A file that belongs to no path: the record file of a cache state that no longer owns its
+/// entry (an open file that keeps an old version), so that whatever that state writes to
+/// its record vouches for nothing on disk.
+pub fn scratch_file() -> io::Result<File> {
+    let fd = unsafe { libc::memfd_create(c"hoardfs-retired".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = cvt(fd)?;
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// `mkdir -p` beneath `tree`, replacing any non-directory in the way (it is stale cache).
