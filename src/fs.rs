@@ -689,10 +689,26 @@ impl CachingFs {
     }
 
     fn getattr_online(&self, id: u64, fh: Option<u64>) -> Result<FileAttr> {
+        let mut st = self.getattr_source(id, fh)?;
+        if let Ok(inode) = self.inode(id)
+            && inode.is_retired()
+            && let Some(state) = inode.file().as_ref()
+        {
+            // Handles that kept an old version see its size and times, as they read it.
+            let kept = &state.record.identity;
+            st.size = kept.size;
+            st.blocks = kept.size.div_ceil(512);
+            st.mtime = kept.mtime;
+            st.ctime = kept.ctime;
+        }
+        Ok(attr_of(id, &st))
+    }
+
+    fn getattr_source(&self, id: u64, fh: Option<u64>) -> Result<Stat> {
         if let Some(h) = fh.and_then(|fh| self.handle(fh).ok())
             && let Some(src) = &h.source
         {
-            return Ok(attr_of(id, &self.source.fstat(src.as_fd()).map_err(errno)?));
+            return self.source.fstat(src.as_fd()).map_err(errno);
         }
         let inode = self.inode(id)?;
         let stat = match inode.path() {
@@ -702,7 +718,7 @@ impl CachingFs {
         match stat {
             Ok(mut st) => {
                 self.pending_attr(id, &mut st);
-                Ok(attr_of(id, &st))
+                Ok(st)
             }
             // fstat of an open file whose name is gone: answer from an open descriptor.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
@@ -712,7 +728,7 @@ impl CachingFs {
                     .or_else(|| inode.file().as_ref().and_then(|s| s.unlinked));
                 let mut st = st.ok_or(Errno::ENOENT)?;
                 self.pending_attr(id, &mut st);
-                Ok(attr_of(id, &st))
+                Ok(st)
             }
             Err(e) => Err(errno(e)),
         }
@@ -1390,6 +1406,11 @@ impl CachingFs {
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let inode = self.inode(id)?;
+        if inode.is_retired() {
+            // An old version, kept for the handles open on it: the kernel looks the name
+            // up again on ESTALE and opens the new entry.
+            return Err(Errno::ESTALE);
+        }
         let path = inode.path().ok_or(Errno::ENOENT)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let offline = || {
@@ -1455,7 +1476,16 @@ impl CachingFs {
                     && !state.written
                     && state.record.identity != self.identity(&st)
                 {
-                    self.stale(state, &st);
+                    // Changed behind the mount while open, before the watcher or a lease
+                    // acted on it.
+                    let c = &self.coherence.counters;
+                    c.changes_detected.fetch_add(1, Ordering::Relaxed);
+                    if self.keep_version(&inode, state, &st) {
+                        // The handles open on this node keep their version; the kernel
+                        // retries the open on the name's new node.
+                        return Err(Errno::ESTALE);
+                    }
+                    self.stale(state, &st, Some(&path));
                     keep_cache = false;
                 }
             }
@@ -1703,40 +1733,142 @@ impl CachingFs {
         state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
         state.files = Some(files);
         if reset {
-            self.reset_as(&mut state, st, had_record || new_file);
+            self.reset_as(&mut state, st, had_record || new_file, Some(path));
         }
         state.record.last_used = now_millis();
         (state, reset)
     }
 
-    /// The source changed behind the mount while the file was open.
-    fn stale(&self, state: &mut FileState, st: &Stat) {
+    /// The source changed behind the mount while the file was open (and its handles
+    /// cannot keep their version, `keep_version`): the cache follows the new version.
+    fn stale(&self, state: &mut FileState, st: &Stat, path: Option<&Path>) {
         Stats::add(&self.stats.cache.stale_invalidations, 1);
-        self.reset(state, st);
+        self.reset(state, st, path);
     }
 
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
-    fn reset(&self, state: &mut FileState, st: &Stat) {
-        self.reset_as(state, st, true);
+    fn reset(&self, state: &mut FileState, st: &Stat, path: Option<&Path>) {
+        self.reset_as(state, st, true, path);
     }
 
-    /// `reset`; `durable`: the empty record is synced before the data file is truncated
-    /// (needed whenever an older record could claim chunks of the data file).
-    fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool) {
+    /// `reset`; `durable`: the empty record is synced before the data file changes
+    /// (needed whenever an older record could claim chunks of the data file). A data file
+    /// that holds bytes is never truncated or rewritten: someone may still read it (the
+    /// kernel's passthrough backing, a mapping, an open file keeping its version), so the
+    /// new version gets a new data file, renamed over the old one (`replace_data`).
+    /// `path`: the cache entry's name; `None` for a file whose names are gone, whose data
+    /// file nobody can reach any more (it is then emptied in place).
+    fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool, path: Option<&Path>) {
         state.fetch.invalidate();
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
-        let Some(files) = &state.files else { return };
-        let r = write_record(files, &state.record, durable)
-            .and_then(|_| files.data.set_len(0))
-            .and_then(|_| files.data.set_len(st.size));
-        if let Err(e) = r {
-            tracing::warn!("cannot reset cache file: {e}");
-            Stats::add(&self.stats.cache.cache_errors, 1);
-            state.files = None;
+        let Some(files) = &mut state.files else {
+            return;
+        };
+        let r = self.fresh_data(files, &state.record, durable, path, false);
+        match r {
+            Ok(true) => {
+                // Flights and hints of the old data file end with it.
+                state.fetch.kill();
+                state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("cannot reset cache file: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                state.files = None;
+            }
         }
+    }
+
+    /// Makes `files` hold the empty record `rec` and a data file of its size with nothing
+    /// in it: a new data file at `path` if the old one holds bytes (or with `replace`).
+    /// Returns whether the data file was replaced. Crash rules: the empty record is written (durably with `durable`)
+    /// before anything happens to the data, and the new data file is vouched for only by a
+    /// record written after it is in place.
+    fn fresh_data(
+        &self,
+        files: &mut CacheFiles,
+        rec: &CacheRecord,
+        durable: bool,
+        path: Option<&Path>,
+        replace: bool,
+    ) -> io::Result<bool> {
+        write_record(files, rec, durable)?;
+        let size = rec.identity.size;
+        let held = replace || files.data.metadata()?.len() > 0;
+        match path {
+            Some(path) if held => {
+                files.data = self.cache.replace_data(path, size)?;
+                write_record(files, rec, false)?;
+                Ok(true)
+            }
+            _ => {
+                files.data.set_len(0)?;
+                files.data.set_len(size)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The source changed behind the mount while `inode` is open with its whole old version
+    /// in the cache: the open handles keep that version (the session semantics of AFS and
+    /// Coda), and the name gets a new entry for everything else. On disk the cache entry
+    /// passes to the new version (an empty record and a new data file), while this state
+    /// keeps the old data file through its descriptor and writes its record where nobody
+    /// reads it. The inode is retired: lookups make a new one (a new kernel node, whose
+    /// opens may use passthrough to the new data file: the kernel allows one backing file
+    /// per node), and the kernel is asked to drop the name. Returns false, changing nothing,
+    /// where the handles cannot keep their version (it is not whole in the cache, or writes
+    /// through the mount are under way); the caller then resets the cache in place.
+    fn keep_version(&self, inode: &Arc<Inode>, state: &mut FileState, st: &Stat) -> bool {
+        let opens = state.daemon_opens + state.passthrough_opens;
+        if opens == 0
+            || !state.complete()
+            || state.written
+            || state.record.dirty
+            || state.offline_base.is_some()
+        {
+            return false;
+        }
+        let Some(files) = state.files.as_mut() else {
+            return false;
+        };
+        let scratch = match crate::cache::store::scratch_file() {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("cannot keep an old version apart: {e}");
+                return false;
+            }
+        };
+        // From here on nothing this state writes reaches the entry's record.
+        let meta = std::mem::replace(&mut files.meta, scratch);
+        let path = inode.path();
+        if let Some(path) = &path {
+            let rec = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
+            let moved = files.data.try_clone().and_then(|data| {
+                let mut entry = CacheFiles { data, meta };
+                self.fresh_data(&mut entry, &rec, true, Some(path), true)
+            });
+            if let Err(e) = moved {
+                // The old data file may still be the entry's: drop the entry (record
+                // first), so that nothing ever writes to the file the old handles read.
+                tracing::warn!(?path, "cannot cache the new version apart: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                if let Err(e) = self.cache.remove(path) {
+                    tracing::warn!(?path, "cannot drop cache entry: {e}");
+                }
+            }
+        }
+        inode.retire();
+        Stats::add(&self.stats.cache.versions_kept, 1);
+        if let Some(name) = path.as_deref().and_then(Path::file_name) {
+            self.coherence
+                .notify(Notice::Entry(inode.parent(), name.to_os_string()));
+        }
+        true
     }
 
     /// Stops using the cache for this open file (after a failed cache write or an

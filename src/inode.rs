@@ -39,7 +39,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -112,6 +112,11 @@ pub struct Inode {
     pub names: Mutex<Vec<PathBuf>>,
     /// Cache state of a regular file while it is open through the mount.
     pub file: Mutex<Option<FileState>>,
+    /// The source changed behind the mount while this file was open: its open handles keep
+    /// the version they opened, and the file's names lead to a new entry (a new kernel
+    /// node) for everything else. Lookups never return a retired entry, and opens of it
+    /// answer `ESTALE`, so that the kernel looks the name up again.
+    retired: AtomicBool,
 }
 
 impl Inode {
@@ -123,7 +128,17 @@ impl Inode {
             parent: AtomicU64::new(parent),
             names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// See `retired`: from now on this entry serves only the handles already open.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// The path of the name last used to reach this inode; `None` once every name it was
@@ -467,6 +482,7 @@ impl InodeTable {
         if let Some(&id) = inner.by_key.get(&key)
             && let Some(e) = inner.by_id.get_mut(&id)
             && e.inode.file_type == st.file_type()
+            && !e.inode.is_retired()
         {
             let inode = e.inode.clone();
             e.count += 1;
@@ -518,6 +534,7 @@ impl InodeTable {
         if let Some(&id) = inner.by_key.get(&key)
             && let Some(e) = inner.by_id.get(&id)
             && e.inode.file_type == st.file_type()
+            && !e.inode.is_retired()
         {
             e.inode.set_path(path);
             return e.inode.clone();
@@ -547,7 +564,7 @@ impl InodeTable {
         let inner = self.inner.lock().unwrap();
         let id = inner.by_key.get(&(st.dev, st.ino))?;
         let inode = &inner.by_id.get(id)?.inode;
-        if inode.file_type != st.file_type() {
+        if inode.file_type != st.file_type() || inode.is_retired() {
             return None;
         }
         inode.set_path(path);

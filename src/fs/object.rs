@@ -157,7 +157,7 @@ impl CachingFs {
             if let Some(old) = guard.as_mut() {
                 // Open under an earlier object of this name: that one is gone.
                 old.daemon_opens += 1;
-                self.reset(old, &st);
+                self.reset(old, &st, Some(&path));
             } else {
                 *guard = Some(state);
                 self.loaded.lock().unwrap().insert(inode.id, inode.clone());

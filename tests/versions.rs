@@ -1,0 +1,220 @@
+//! An open file keeps the version it opened (the session semantics of AFS and Coda): when
+//! the source changes behind the mount, handles opened before read the old bytes whole
+//! until they close, and opens after the change read the new version, with no error, on
+//! watched and unwatched sources alike (issue 20, case 1).
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::{TestMount, pattern};
+
+/// The whole file through `f`, from offset 0, in one buffer as large as `len` plus one
+/// (so that a longer file shows).
+fn read_whole(f: &File, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len + 1];
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) => panic!("read through a held handle: {e}"),
+        }
+    }
+    buf.truncate(n);
+    buf
+}
+
+/// `what` is `want`, or a short description of how it differs (no 12 MiB dumps).
+fn check(what: &str, got: &[u8], want: &[u8]) {
+    if got == want {
+        return;
+    }
+    let zeros = got.iter().all(|&b| b == 0);
+    let first = got.iter().zip(want).position(|(a, b)| a != b);
+    panic!(
+        "{what}: {} bytes (want {}), all zeros: {zeros}, first difference at {first:?}",
+        got.len(),
+        want.len()
+    );
+}
+
+/// The issue's reproduction: a 12 MiB file (above the whole-file threshold) read whole, so
+/// that it is complete in the cache, held open through passthrough; four bytes change in
+/// place in the source; a new open at once.
+fn a_held_passthrough_handle_keeps_its_version(args: &[&str]) {
+    let t = TestMount::new(args);
+    let size = 12 << 20;
+    let old = pattern(size, 1);
+    fs::write(t.s("f"), &old).unwrap();
+    check("first read", &fs::read(t.m("f")).unwrap(), &old);
+    let held = File::open(t.m("f")).unwrap();
+    assert!(
+        t.stats().cache.passthrough_opens >= 1,
+        "the held handle should be a passthrough one"
+    );
+    let mut new = old.clone();
+    new[5000..5004].copy_from_slice(b"XXXX");
+    OpenOptions::new()
+        .write(true)
+        .open(t.s("f"))
+        .unwrap()
+        .write_all_at(b"XXXX", 5000)
+        .unwrap();
+    let read = fs::read(t.m("f")).expect("a new open after the change");
+    check("a new open after the change", &read, &new);
+    check(
+        "the handle held across the change",
+        &read_whole(&held, size),
+        &old,
+    );
+    // Again, now that the watcher or the open has acted on the change.
+    check("a second new open", &fs::read(t.m("f")).unwrap(), &new);
+    check("the held handle again", &read_whole(&held, size), &old);
+    drop(held);
+    check(
+        "an open after the close",
+        &fs::read(t.m("f")).unwrap(),
+        &new,
+    );
+    assert!(t.stats().cache.versions_kept >= 1, "{:?}", t.stats().cache);
+}
+
+#[test]
+fn a_held_passthrough_handle_keeps_its_version_on_a_watched_source() {
+    a_held_passthrough_handle_keeps_its_version(&[]);
+}
+
+#[test]
+fn a_held_passthrough_handle_keeps_its_version_without_a_watcher() {
+    a_held_passthrough_handle_keeps_its_version(&["--watch", "off"]);
+}
+
+/// The next version of `bytes`: changed in place, resized, or a new file renamed over the
+/// name, by turns.
+fn change(t: &TestMount, name: &str, k: usize, bytes: &[u8]) -> Vec<u8> {
+    let mut next = bytes.to_vec();
+    match k % 3 {
+        0 => {
+            // A few bytes in place: same size, same inode.
+            let at = (k * 7919 * 1021) % (bytes.len() - 8);
+            let patch = pattern(8, k as u64 + 100);
+            next[at..at + 8].copy_from_slice(&patch);
+            OpenOptions::new()
+                .write(true)
+                .open(t.s(name))
+                .unwrap()
+                .write_all_at(&patch, at as u64)
+                .unwrap();
+        }
+        1 => {
+            // Rewritten in place, one chunk and a bit longer.
+            next = pattern(bytes.len() + (1 << 20) + 3, k as u64 + 200);
+            fs::write(t.s(name), &next).unwrap();
+        }
+        _ => {
+            // A new file renamed over the name, shorter.
+            next = pattern(bytes.len() - (1 << 20) + 5, k as u64 + 300);
+            let tmp = t.s(&format!(".{name}.tmp"));
+            fs::write(&tmp, &next).unwrap();
+            fs::rename(&tmp, t.s(name)).unwrap();
+        }
+    }
+    next
+}
+
+/// Handles held across several changes of the source, each read whole over and over by
+/// another thread while the changes happen: every read of every handle is exactly the
+/// version that handle opened, and every open after a change is exactly the new version,
+/// with no error. A large file (chunked, above the threshold) and a small one (fetched
+/// whole on open).
+fn held_handles_across_changes(args: &[&str]) {
+    let mut all = vec!["--whole-file-threshold", "1M"];
+    all.extend_from_slice(args);
+    let t = TestMount::new(&all);
+    let names = ["big", "small"];
+    // The small file stays below the threshold in every version.
+    let mut current = vec![pattern(4 << 20, 1), pattern(300 << 10, 2)];
+    for (name, bytes) in names.iter().zip(&current) {
+        fs::write(t.s(name), bytes).unwrap();
+    }
+    type Held = Vec<(String, Arc<File>, Arc<Vec<u8>>)>;
+    let held: Arc<Mutex<Held>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (held, stop, reads) = (held.clone(), stop.clone(), reads.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let now: Held = held.lock().unwrap().clone();
+                for (what, f, want) in &now {
+                    check(what, &read_whole(f, want.len()), want);
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+    for k in 0..8 {
+        for (i, name) in names.iter().enumerate() {
+            if k > 0 {
+                current[i] = if i == 1 {
+                    // Small: in place or renamed over, staying small.
+                    let next = pattern(current[i].len() + 17 * k, (k * 10 + i) as u64);
+                    if k % 2 == 0 {
+                        fs::write(t.s(name), &next).unwrap();
+                    } else {
+                        let tmp = t.s(".small.tmp");
+                        fs::write(&tmp, &next).unwrap();
+                        fs::rename(&tmp, t.s(name)).unwrap();
+                    }
+                    next
+                } else {
+                    change(&t, name, k, &current[i])
+                };
+            }
+            let what = format!("{name} version {k}");
+            // A new open right after the change returns, then a handle kept open on it.
+            let read = fs::read(t.m(name)).unwrap_or_else(|e| panic!("open of {what}: {e}"));
+            check(&format!("new open of {what}"), &read, &current[i]);
+            let f = File::open(t.m(name)).unwrap_or_else(|e| panic!("open of {what}: {e}"));
+            check(
+                &format!("held {what}"),
+                &read_whole(&f, current[i].len()),
+                &current[i],
+            );
+            held.lock().unwrap().push((
+                format!("handle held on {what}"),
+                Arc::new(f),
+                Arc::new(current[i].clone()),
+            ));
+        }
+    }
+    // Let the reader go round every handle a few more times after the last change.
+    let seen = reads.load(Ordering::Relaxed);
+    while reads.load(Ordering::Relaxed) < seen + 3 * held.lock().unwrap().len() as u64 {
+        assert!(!reader.is_finished(), "the reader failed");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("held handles read their own versions");
+    held.lock().unwrap().clear();
+    for (name, bytes) in names.iter().zip(&current) {
+        check(name, &fs::read(t.m(name)).unwrap(), bytes);
+    }
+    let c = t.stats().cache;
+    assert!(c.passthrough_opens > 0 && c.versions_kept > 0, "{c:?}");
+}
+
+#[test]
+fn held_handles_across_changes_read_their_own_versions_on_a_watched_source() {
+    held_handles_across_changes(&[]);
+}
+
+#[test]
+fn held_handles_across_changes_read_their_own_versions_without_a_watcher() {
+    held_handles_across_changes(&["--watch", "off"]);
+}
