@@ -1764,6 +1764,11 @@ impl CachingFs {
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
+        if path.is_some() {
+            // The fetch descriptor may be of another file than the new version (one renamed
+            // over the name): the next fetch opens the source anew for the new identity.
+            state.fetch_src = None;
+        }
         let Some(files) = &mut state.files else {
             return;
         };

@@ -218,3 +218,27 @@ fn held_handles_across_changes_read_their_own_versions_on_a_watched_source() {
 fn held_handles_across_changes_read_their_own_versions_without_a_watcher() {
     held_handles_across_changes(&["--watch", "off"]);
 }
+
+/// A file partly cached and open through the daemon, replaced by another file renamed over
+/// its name: a new open through the same kernel node (no watcher told the kernel) reads
+/// the new file, never chunks fetched from the old one under the new file's identity.
+#[test]
+fn a_partly_cached_open_file_renamed_over_is_read_new() {
+    let t = TestMount::new(&["--watch", "off", "--whole-file-threshold", "1M"]);
+    let old = pattern(4 << 20, 7);
+    fs::write(t.s("f"), &old).unwrap();
+    let held = File::open(t.m("f")).unwrap();
+    let mut first = vec![0u8; 4096];
+    held.read_exact_at(&mut first, 0).unwrap();
+    check("first page", &first, &old[..4096]);
+    let new = pattern(4 << 20, 8);
+    fs::write(t.s(".f.tmp"), &new).unwrap();
+    fs::rename(t.s(".f.tmp"), t.s("f")).unwrap();
+    check("a new open", &fs::read(t.m("f")).unwrap(), &new);
+    drop(held);
+    check(
+        "an open after the close",
+        &fs::read(t.m("f")).unwrap(),
+        &new,
+    );
+}
