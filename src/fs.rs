@@ -33,6 +33,7 @@ mod reintegrate;
 pub use changes::spawn_coherence_threads;
 pub use fetch::spawn_fetch_workers;
 
+use crate::cache::record::DataIdentity;
 use crate::cache::record::chunk_count;
 use crate::cache::source_info::OBJECT_STORE_TYPE;
 use crate::cache::source_info::SourceInfo;
@@ -990,6 +991,11 @@ impl CachingFs {
             self.listing_changed(dir);
         }
         self.cache.rename(&from, &to, flags);
+        if exchange {
+            self.cache_renamed(&[&from, &to]);
+        } else {
+            self.cache_renamed(&[&to]);
+        }
         // rename changes the file's ctime: keep its cache record matching (our own change).
         if let Some(before) = before.filter(|b| b.is_file())
             && let Ok(after) = self.source.stat(&to)
@@ -1062,6 +1068,26 @@ impl CachingFs {
 
     /// A change made through the mount that moved ctime/mtime but not the data (chmod,
     /// utimens, rename, link): the cached data stays valid, so its identity follows.
+    /// The cache renamed the data files now at `paths` (a rename moves a file's ctime):
+    /// their loaded states take the new identities as hoardfs's own (`FileFetch::own`).
+    fn cache_renamed(&self, paths: &[&Path]) {
+        let renamed: Vec<Arc<Inode>> = (self.loaded.lock().unwrap().values())
+            .filter(|i| {
+                i.names
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|n| paths.contains(&n.as_path()))
+            })
+            .cloned()
+            .collect();
+        for inode in renamed {
+            if let Some(state) = inode.file().as_ref() {
+                Self::noted(state);
+            }
+        }
+    }
+
     fn own_change(&self, path: &Path, before: &Stat, after: &Stat) {
         let inode = self.find_inode(path, after);
         if let Some(inode) = &inode {
@@ -1118,6 +1144,7 @@ impl CachingFs {
                         .map(|f| f.data.set_len(size))
                         .transpose()
                         .is_ok();
+                    Self::noted(state);
                     if ok && after.size == size {
                         state.record.resize(size);
                         state.record.identity = self.identity(after);
@@ -1734,6 +1761,9 @@ impl CachingFs {
         state.files = Some(files);
         if reset {
             self.reset_as(&mut state, st, had_record || new_file, Some(path));
+        } else {
+            // As read_record found it: what the record vouches for.
+            state.fetch.set_own(Some(state.record.data));
         }
         state.record.last_used = now_millis();
         (state, reset)
@@ -1784,8 +1814,10 @@ impl CachingFs {
                 tracing::warn!("cannot reset cache file: {e}");
                 Stats::add(&self.stats.cache.cache_errors, 1);
                 state.files = None;
+                return;
             }
         }
+        Self::noted(state);
     }
 
     /// Makes `files` hold the empty record `rec` and a data file of its size with nothing
@@ -1867,6 +1899,8 @@ impl CachingFs {
                 }
             }
         }
+        // Replaced by our rename: the old file's ctime moved with its link count.
+        Self::noted(state);
         inode.retire();
         Stats::add(&self.stats.cache.versions_kept, 1);
         if let Some(name) = path.as_deref().and_then(Path::file_name) {
@@ -1908,9 +1942,60 @@ impl CachingFs {
         }
     }
 
+    /// hoardfs has just changed the state's data file (see `FileFetch::own`).
+    fn noted(state: &FileState) {
+        if let Some(files) = &state.files {
+            state.fetch.note_written(&files.data);
+        }
+    }
+
+    /// Whether the data file is as hoardfs itself last left it (`FileFetch::own`); true
+    /// where that is not known. A record may only vouch for data hoardfs wrote: call this
+    /// before stamping a record that claims chunks.
+    fn data_is_ours(&self, state: &FileState) -> bool {
+        let Some(files) = &state.files else {
+            return true;
+        };
+        let ff = &state.fetch;
+        let now = ff.quiet(|| fstat(files.data.as_fd()));
+        match (ff.own(), now) {
+            // A data file no name leads to any more (unlinked or replaced, by us or not) is
+            // never loaded again, whatever its record says.
+            (Some(own), Ok(now)) => now.nlink == 0 || own == DataIdentity::of(&now),
+            _ => true,
+        }
+    }
+
+    /// The data file was changed behind hoardfs's back while the file was loaded (edited
+    /// in the cache directory): nothing of it is vouched for any more. The record is
+    /// emptied (durably), so every chunk is fetched again; nothing is stamped as valid.
+    fn discard_foreign_data(&self, state: &mut FileState) {
+        tracing::warn!("a cache data file was changed behind hoardfs's back; refetching it");
+        Stats::add(&self.stats.cache.corrupt_records, 1);
+        state.fetch.invalidate();
+        state.record = CacheRecord::empty(state.record.identity, state.record.chunk_size);
+        state.unsynced = 0;
+        state.written = false;
+        if let Some(files) = &state.files {
+            match write_record(files, &state.record, true) {
+                // The empty record vouches for nothing; from here the file is hoardfs's.
+                Ok(()) => state.fetch.set_own(
+                    fstat(files.data.as_fd())
+                        .ok()
+                        .map(|st| DataIdentity::of(&st)),
+                ),
+                Err(_) => state.files = None,
+            }
+        }
+    }
+
     /// Makes fetched chunks and written data durable and the record match them.
     fn checkpoint(&self, state: &mut FileState) {
         if state.unsynced == 0 && !state.written {
+            return;
+        }
+        if !self.data_is_ours(state) {
+            self.discard_foreign_data(state);
             return;
         }
         let Some(files) = &state.files else {
@@ -1926,6 +2011,7 @@ impl CachingFs {
                 Stats::add(&self.stats.cache.checkpoints, 1);
                 state.unsynced = 0;
                 state.written = false;
+                Self::noted(state);
             }
             Err(e) => {
                 tracing::warn!("cache checkpoint failed: {e}");
@@ -1936,7 +2022,14 @@ impl CachingFs {
         }
     }
 
+    /// Rewrites the record (its identity, last use), stamped with the data file as it is:
+    /// first checked to be as hoardfs left it, or the record would vouch for someone
+    /// else's bytes.
     fn persist_record(&self, state: &mut FileState, durable: bool) {
+        if !self.data_is_ours(state) {
+            self.discard_foreign_data(state);
+            return;
+        }
         if let Some(files) = &state.files
             && write_record(files, &state.record, durable).is_err()
         {
@@ -1970,7 +2063,9 @@ impl CachingFs {
             .files
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        files.data.write_all_at(&buf, off)?;
+        let w = files.data.write_all_at(&buf, off);
+        state.fetch.note_written(&files.data);
+        w?;
         self.usage.add(len as u64);
         state.record.set_present(c, true);
         state.unsynced += 1;
@@ -2069,6 +2164,7 @@ impl CachingFs {
                     state.record.set_present(c, true);
                 }
             }
+            Self::noted(state);
         }
         state.record.identity = self.identity(&after);
         Ok(data.len() as u32)
@@ -2201,6 +2297,7 @@ impl CachingFs {
                 }
                 Err(_) => self.drop_cached(state),
             }
+            Self::noted(state);
         }
         res.map_err(errno)
     }

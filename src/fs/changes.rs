@@ -77,6 +77,7 @@ impl CachingFs {
                 let to_dir = batch.names[*i].moved_to.as_ref().map_or(0, |m| m.0);
                 self.inodes.renamed(path, to, false, nc.dir, to_dir);
                 self.cache.rename(path, to, 0);
+                self.cache_renamed(&[to]);
             }
             // Do the names we gave the kernel still say what the source says? Then the
             // event was our own change and the kernel needs no notice: notices take the

@@ -389,7 +389,7 @@ impl CachingFs {
             f.committed(buf.len() as u64);
             Ok::<(), std::io::Error>(())
         };
-        match ctx.ff.with_data(f.epoch, written) {
+        match ctx.ff.write_data(f.epoch, written) {
             None => Copied::Aborted,
             Some(Err(e)) => Copied::CacheFailed(e),
             Some(Ok(())) => Copied::Bytes(buf.len()),
@@ -415,7 +415,7 @@ impl CachingFs {
                 flight.committed(bytes.len() as u64);
                 Ok::<(), std::io::Error>(())
             };
-            let stop = match ff.with_data(flight.epoch, written) {
+            let stop = match ff.write_data(flight.epoch, written) {
                 Some(Ok(())) => return Ok(()),
                 None => Copied::Aborted,
                 Some(Err(e)) => Copied::CacheFailed(e),
