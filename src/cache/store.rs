@@ -96,6 +96,10 @@ impl CacheStore {
         }
         // A FORMAT.tmp left by a crash of a first mount.
         let _ = std::fs::remove_file(root.join("FORMAT.tmp"));
+        // Emptied below: never through a symlink planted in its place.
+        if std::fs::symlink_metadata(root.join("tmp")).is_ok_and(|m| !m.is_dir()) {
+            std::fs::remove_file(root.join("tmp"))?;
+        }
         for sub in ["data", "meta", "dirs", "tmp"] {
             std::fs::create_dir_all(root.join(sub))?;
             set_private(&root.join(sub))?;
@@ -507,6 +511,44 @@ mod tests {
         s.rename(Path::new("d/f"), Path::new("e/g"), 0);
         let f = s.open_existing(Path::new("e/g")).unwrap();
         assert!(matches!(read_record(&f), Ok(Some(Ok(_)))));
+    }
+
+    #[test]
+    fn replace_data_leaves_the_old_file_whole_to_its_holders() {
+        let c = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(c.path()).unwrap();
+        let old = s.open_files(Path::new("d/f")).unwrap();
+        old.data.write_all_at(b"old bytes", 0).unwrap();
+        let new = s.replace_data(Path::new("d/f"), 5).unwrap();
+        new.write_all_at(b"new", 0).unwrap();
+        let mut buf = [0u8; 9];
+        old.data.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"old bytes");
+        assert_eq!(
+            std::fs::read(c.path().join("data/d/f")).unwrap(),
+            b"new\0\0"
+        );
+        let mode = std::fs::metadata(c.path().join("data/d/f")).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(c.path().join("tmp")).unwrap().count(), 0);
+        drop(s);
+        // What a crash leaves in tmp/ goes at the next start; a symlink there is not
+        // followed.
+        std::fs::write(c.path().join("tmp/new-1-1"), b"x").unwrap();
+        let s = CacheStore::open(c.path()).unwrap();
+        assert_eq!(std::fs::read_dir(c.path().join("tmp")).unwrap().count(), 0);
+        drop(s);
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("precious"), b"x").unwrap();
+        std::fs::remove_dir(c.path().join("tmp")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), c.path().join("tmp")).unwrap();
+        let _s = CacheStore::open(c.path()).unwrap();
+        assert!(outside.path().join("precious").exists());
+        assert!(
+            std::fs::symlink_metadata(c.path().join("tmp"))
+                .unwrap()
+                .is_dir()
+        );
     }
 
     #[test]
