@@ -548,6 +548,23 @@ impl CachingFs {
         id
     }
 
+    /// A reader of the source file at `path` for fetching into a cache of version `expect`.
+    /// On a POSIX source the file is opened by name, and the name may lead to another
+    /// version by now (renamed over, rewritten): its bytes must never be cached as
+    /// `expect`'s, so a file whose identity differs is refused with `ESTALE` (unless the
+    /// stale check is off, which trusts the cache as it is). An object store checks the
+    /// ETag itself.
+    fn open_fetch_reader(&self, path: &Path, expect: &SourceIdentity) -> io::Result<SourceReader> {
+        let reader = self.source.open_reader(path, expect)?;
+        if let SourceReader::File(f) = &reader
+            && self.stale_check()
+            && self.identity(&fstat(f.as_fd())?) != *expect
+        {
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        Ok(reader)
+    }
+
     /// Installs the hook that passes notices to the kernel (FUSE notify).
     pub fn set_notifier(&mut self, f: impl Fn(Notice) + Send + Sync + 'static) {
         self.coherence.set_notifier(f);
@@ -1438,7 +1455,9 @@ impl CachingFs {
             // up again on ESTALE and opens the new entry.
             return Err(Errno::ESTALE);
         }
-        let path = inode.path().ok_or(Errno::ENOENT)?;
+        // No name leads here any more (unlinked, or another file took the name): the
+        // kernel's dentry is stale, and on ESTALE it looks the name up again.
+        let path = inode.path().ok_or(Errno::ESTALE)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let offline = || {
             if writable || flags & libc::O_TRUNC != 0 {
@@ -1480,6 +1499,19 @@ impl CachingFs {
             let st = self.source.fstat(fd.as_fd()).map_err(errno)?;
             (Some(fd), st)
         };
+        if self.stable_ino && (st.dev, st.ino) != inode.key {
+            // Another file has the name now (renamed over it behind the mount, and no
+            // watcher told the kernel yet). This node stays with the file it was looked up
+            // as, whose open handles keep reading it; the kernel looks the name up again on
+            // ESTALE and opens the node of the file the name leads to now.
+            let parent = inode.parent();
+            inode.remove_name(&path);
+            if let Some(name) = path.file_name() {
+                self.coherence
+                    .notify(Notice::Entry(parent, name.to_os_string()));
+            }
+            return Err(Errno::ESTALE);
+        }
         if !st.is_file() {
             return Err(Errno::EINVAL);
         }
@@ -1558,12 +1590,25 @@ impl CachingFs {
         if !state.complete() && state.fetch_src.is_none() {
             state.fetch_src = self
                 .fetcher
-                .open_source(|| self.source.open_reader(&path, &state.record.identity));
+                .open_source(|| self.open_fetch_reader(&path, &state.record.identity));
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).
         let source = if writable || (!state.complete() && state.fetch_src.is_none()) {
             let opened = self.source.open_file(&path, Self::source_flags(flags));
+            // A reader's bytes must all be of the version this open validated: a name that
+            // leads to another version by now (renamed over, rewritten since the stat)
+            // makes the kernel retry the open.
+            let opened = opened.and_then(|f| {
+                let raced = !writable
+                    && self.stale_check()
+                    && !self.source.is_object()
+                    && self.identity(&fstat(f.as_fd())?) != self.identity(&st);
+                if raced {
+                    return Err(io::Error::from_raw_os_error(libc::ESTALE));
+                }
+                Ok(f)
+            });
             match opened {
                 Ok(f) => Some(f),
                 Err(e) => {

@@ -98,7 +98,7 @@ impl CachingFs {
         if state.fetch_src.is_none() && (first..=last).any(|c| !state.record.is_present(c)) {
             state.fetch_src = h.inode.path().and_then(|p| {
                 let id = &state.record.identity;
-                self.fetcher.open_source(|| self.source.open_reader(&p, id))
+                self.fetcher.open_source(|| self.open_fetch_reader(&p, id))
             });
         }
         let chunk_len = |c: u64| cs.min(file_size - c * cs);
@@ -664,7 +664,7 @@ impl CachingFs {
         }
         state.fetch_src = self
             .fetcher
-            .open_source(|| self.source.open_reader(&job.path, &state.record.identity));
+            .open_source(|| self.open_fetch_reader(&job.path, &state.record.identity));
         let Some(src) = state.fetch_src.clone() else {
             dropped();
             return self.unload_if_idle(&inode, &mut guard);

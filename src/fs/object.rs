@@ -47,7 +47,7 @@ impl CachingFs {
             if state.fetch_src.is_none() {
                 state.fetch_src = self
                     .fetcher
-                    .open_source(|| self.source.open_reader(path, &state.record.identity));
+                    .open_source(|| self.open_fetch_reader(path, &state.record.identity));
             }
             self.fetch_all(state);
         }
