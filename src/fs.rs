@@ -1791,6 +1791,16 @@ impl CachingFs {
                     Stats::add(&self.stats.cache.stale_invalidations, 1);
                 }
             }
+            Ok(Some(Err(crate::cache::record::RecordError::DataChanged)))
+                if crate::cache::store::read_record_unchecked(&files.meta)
+                    .is_ok_and(|r| matches!(r, Some(Ok(r)) if r.present_count() == 0)) =>
+            {
+                // A record that claims nothing: its data file is being fetched into by
+                // another open of an older or newer version (a file replaced behind the
+                // mount), not damaged.
+                tracing::debug!(?path, "empty cache record of another data file");
+                Stats::add(&self.stats.cache.stale_invalidations, 1);
+            }
             Ok(Some(Err(e))) => {
                 tracing::warn!(?path, "discarding cache record: {e}");
                 Stats::add(&self.stats.cache.corrupt_records, 1);

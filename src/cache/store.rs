@@ -343,8 +343,14 @@ pub fn read_record_unchecked(
 /// file's current identity: call it after every change hoardfs makes to the data file that
 /// the record should vouch for.
 pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io::Result<()> {
+    let data = fstat(files.data.as_fd())?;
+    if data.nlink == 0 {
+        // The data file was replaced (a new version renamed over it, `replace_data`) or
+        // removed: the entry is not this record's any more, and another state may own it.
+        return Ok(());
+    }
     let mut rec = rec.clone();
-    rec.data = DataIdentity::of(&fstat(files.data.as_fd())?);
+    rec.data = DataIdentity::of(&data);
     let bytes = rec.encode();
     let meta = &files.meta;
     let mut f = meta;
