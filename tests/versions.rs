@@ -52,9 +52,11 @@ fn a_held_passthrough_handle_keeps_its_version(args: &[&str]) {
     fs::write(t.s("f"), &old).unwrap();
     check("first read", &fs::read(t.m("f")).unwrap(), &old);
     let held = File::open(t.m("f")).unwrap();
-    assert!(
+    let passthrough = !args.contains(&"--no-passthrough");
+    assert_eq!(
         t.stats().cache.passthrough_opens >= 1,
-        "the held handle should be a passthrough one"
+        passthrough,
+        "the held handle should be a passthrough one unless it is off"
     );
     let mut new = old.clone();
     new[5000..5004].copy_from_slice(b"XXXX");
@@ -91,6 +93,13 @@ fn a_held_passthrough_handle_keeps_its_version_on_a_watched_source() {
 #[test]
 fn a_held_passthrough_handle_keeps_its_version_without_a_watcher() {
     a_held_passthrough_handle_keeps_its_version(&["--watch", "off"]);
+}
+
+/// The same through the daemon: a handle served by hoardfs keeps its version too.
+#[test]
+fn a_held_daemon_handle_keeps_its_version() {
+    a_held_passthrough_handle_keeps_its_version(&["--no-passthrough"]);
+    a_held_passthrough_handle_keeps_its_version(&["--no-passthrough", "--watch", "off"]);
 }
 
 /// The next version of `bytes`: changed in place, resized, or a new file renamed over the
@@ -221,7 +230,8 @@ fn held_handles_across_changes_read_their_own_versions_without_a_watcher() {
 
 /// A file partly cached and open through the daemon, replaced by another file renamed over
 /// its name: a new open through the same kernel node (no watcher told the kernel) reads
-/// the new file, never chunks fetched from the old one under the new file's identity.
+/// the new file, never chunks fetched from the old one under the new file's identity, and
+/// the handle opened before reads the old file whole.
 #[test]
 fn a_partly_cached_open_file_renamed_over_is_read_new() {
     let t = TestMount::new(&["--watch", "off", "--whole-file-threshold", "1M"]);
@@ -235,6 +245,9 @@ fn a_partly_cached_open_file_renamed_over_is_read_new() {
     fs::write(t.s(".f.tmp"), &new).unwrap();
     fs::rename(t.s(".f.tmp"), t.s("f")).unwrap();
     check("a new open", &fs::read(t.m("f")).unwrap(), &new);
+    // The handle opened before reads the file it opened, whole (its source descriptor
+    // holds the replaced file), though most of it was never cached.
+    check("the held handle", &read_whole(&held, old.len()), &old);
     drop(held);
     check(
         "an open after the close",
