@@ -729,12 +729,40 @@ impl CachingFs {
             return self.source.fstat(src.as_fd()).map_err(errno);
         }
         let inode = self.inode(id)?;
+        let mut elsewhere = false;
         let stat = match inode.path() {
-            Some(path) => self.source.stat(&path),
+            Some(path) => self.source.stat(&path).and_then(|st| {
+                if self.stable_ino && (st.dev, st.ino) != inode.key {
+                    // The name leads to another object now (replaced behind the mount):
+                    // its attributes are not this node's (a reader of this node's file
+                    // would have its reads cut at the other file's size).
+                    elsewhere = true;
+                    return Err(io::Error::from_raw_os_error(libc::ENOENT));
+                }
+                Ok(st)
+            }),
             None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
         match stat {
             Ok(mut st) => {
+                self.pending_attr(id, &mut st);
+                Ok(st)
+            }
+            // The node's name leads elsewhere: the kernel's dentry is stale (dropped now).
+            // The node's own file answers while it is open (fstat of its handles, which
+            // carries no handle in FUSE); otherwise ESTALE, and the kernel looks the name
+            // up again.
+            Err(_) if elsewhere => {
+                if let Some(path) = inode.path()
+                    && let Some(name) = path.file_name()
+                {
+                    let notice = Notice::Entry(inode.parent(), name.to_os_string());
+                    self.coherence.notify(notice);
+                }
+                let own = self.open_source_fd(&inode);
+                let mut st = own
+                    .and_then(|f| fstat(f.as_fd()).ok())
+                    .ok_or(Errno::ESTALE)?;
                 self.pending_attr(id, &mut st);
                 Ok(st)
             }
