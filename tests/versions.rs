@@ -466,3 +466,15 @@ fn a_stat_after_a_replacement_does_not_cut_an_open_files_reads() {
     assert_eq!(held.metadata().unwrap().len(), old.len() as u64);
     check("a new open", &fs::read(t.m("f")).unwrap(), &new);
 }
+
+/// The same through the daemon only. Known to fail (issue 20, open): about 2 reads in
+/// 1,000 end early, a prefix of the right version cut at another version's size, which the
+/// kernel holds for the node (suspected: the source reuses a freed inode number for the
+/// next version under the same name, so one kernel node stands for successive files, and
+/// attribute replies for them race). Passthrough reads are not bounded by that size.
+/// Run by hand: `cargo test --test versions -- --ignored`.
+#[test]
+#[ignore = "known to fail: reads cut at a stale size (see the comment)"]
+fn replaced_files_under_readers_without_passthrough() {
+    replaced_files_under_readers(&["--watch", "off", "--no-passthrough"]);
+}
