@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
+use crate::cache::record::DataIdentity;
 use crate::cleaner::Usage;
 use crate::inode::Inode;
 
@@ -277,6 +278,11 @@ pub struct FileFetch {
     prefetched: Mutex<HashSet<u64>>,
     /// The cache data file, for writes and reads outside the state mutex.
     pub data: Option<File>,
+    /// The data file's identity (inode, ctime) as hoardfs itself last left it: after its
+    /// own last write, or as its record last vouched for it. `None`: not known (nothing
+    /// is checked against it). A record may only vouch for data hoardfs wrote, so a data
+    /// file that moved on from this was changed by someone else (`CachingFs::checkpoint`).
+    own: Mutex<Option<DataIdentity>>,
 }
 
 impl FileFetch {
@@ -286,7 +292,57 @@ impl FileFetch {
             flights: Mutex::default(),
             prefetched: Mutex::default(),
             data,
+            own: Mutex::new(None),
         }
+    }
+
+    /// Runs `f` writing the cache file if the generation is still `epoch` (as `with_data`),
+    /// then notes the file's identity as hoardfs's own (`own`), still under the gate.
+    pub fn write_data<T>(
+        &self,
+        epoch: u64,
+        f: impl FnOnce(&File) -> io::Result<T>,
+    ) -> Option<io::Result<T>> {
+        let g = self.gate.read().unwrap();
+        if *g != epoch || epoch == DEAD {
+            return None;
+        }
+        let data = self.data.as_ref()?;
+        let r = f(data);
+        self.note_written(data);
+        drop(g);
+        Some(r)
+    }
+
+    /// hoardfs has just changed `data` (this file's cache data file): its identity now is
+    /// hoardfs's own. Concurrent writers each note theirs; the latest ctime wins.
+    pub fn note_written(&self, data: &File) {
+        let Ok(st) = crate::source::fstat(std::os::fd::AsFd::as_fd(data)) else {
+            *self.own.lock().unwrap() = None;
+            return;
+        };
+        let now = DataIdentity::of(&st);
+        let mut own = self.own.lock().unwrap();
+        match *own {
+            Some(o) if o.ino == now.ino && o.ctime > now.ctime => {}
+            _ => *own = Some(now),
+        }
+    }
+
+    /// See `own`.
+    pub fn own(&self) -> Option<DataIdentity> {
+        *self.own.lock().unwrap()
+    }
+
+    pub fn set_own(&self, id: Option<DataIdentity>) {
+        *self.own.lock().unwrap() = id;
+    }
+
+    /// Runs `f` while no write of the cache file is under way (`write_data` holds the gate
+    /// for reading across its write and its note), without changing the generation.
+    pub fn quiet<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _g = self.gate.write().unwrap();
+        f()
     }
 
     pub fn epoch(&self) -> u64 {

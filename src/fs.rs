@@ -33,6 +33,7 @@ mod reintegrate;
 pub use changes::spawn_coherence_threads;
 pub use fetch::spawn_fetch_workers;
 
+use crate::cache::record::DataIdentity;
 use crate::cache::record::chunk_count;
 use crate::cache::source_info::OBJECT_STORE_TYPE;
 use crate::cache::source_info::SourceInfo;
@@ -174,6 +175,8 @@ pub struct CachingFs {
     locks: Mutex<HashMap<(u64, u64), File>>,
     next_fh: AtomicU64,
     passthrough_ok: AtomicBool,
+    /// Processes told ESTALE for an open of a retired node, and when (`open`).
+    estale_told: Mutex<HashMap<u32, Instant>>,
     pub stats: Stats,
     /// TTLs, the source watcher, leases, and the channel to the kernel's caches.
     pub coherence: Coherence,
@@ -440,6 +443,7 @@ impl CachingFs {
             locks: Mutex::default(),
             next_fh: AtomicU64::new(1),
             passthrough_ok: AtomicBool::new(cfg.passthrough),
+            estale_told: Mutex::default(),
             stats: Stats::default(),
             coherence,
             usage: Arc::new(usage),
@@ -552,6 +556,23 @@ impl CachingFs {
             id.ino = 0;
         }
         id
+    }
+
+    /// A reader of the source file at `path` for fetching into a cache of version `expect`.
+    /// On a POSIX source the file is opened by name, and the name may lead to another
+    /// version by now (renamed over, rewritten): its bytes must never be cached as
+    /// `expect`'s, so a file whose identity differs is refused with `ESTALE` (unless the
+    /// stale check is off, which trusts the cache as it is). An object store checks the
+    /// ETag itself.
+    fn open_fetch_reader(&self, path: &Path, expect: &SourceIdentity) -> io::Result<SourceReader> {
+        let reader = self.source.open_reader(path, expect)?;
+        if let SourceReader::File(f) = &reader
+            && self.stale_check()
+            && self.identity(&fstat(f.as_fd())?) != *expect
+        {
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        Ok(reader)
     }
 
     /// Installs the hook that passes notices to the kernel (FUSE notify).
@@ -696,20 +717,64 @@ impl CachingFs {
     }
 
     fn getattr_online(&self, id: u64, fh: Option<u64>) -> Result<FileAttr> {
+        let mut st = self.getattr_source(id, fh)?;
+        if let Ok(inode) = self.inode(id)
+            && inode.is_retired()
+            && let Some(state) = inode.file().as_ref()
+        {
+            // Handles that kept an old version see its size and times, as they read it.
+            let kept = &state.record.identity;
+            st.size = kept.size;
+            st.blocks = kept.size.div_ceil(512);
+            st.mtime = kept.mtime;
+            st.ctime = kept.ctime;
+        }
+        Ok(attr_of(id, &st))
+    }
+
+    fn getattr_source(&self, id: u64, fh: Option<u64>) -> Result<Stat> {
         if let Some(h) = fh.and_then(|fh| self.handle(fh).ok())
             && let Some(src) = &h.source
         {
-            return Ok(attr_of(id, &self.source.fstat(src.as_fd()).map_err(errno)?));
+            return self.source.fstat(src.as_fd()).map_err(errno);
         }
         let inode = self.inode(id)?;
+        let mut elsewhere = false;
         let stat = match inode.path() {
-            Some(path) => self.source.stat(&path),
+            Some(path) => self.source.stat(&path).and_then(|st| {
+                if self.stable_ino && (st.dev, st.ino) != inode.key {
+                    // The name leads to another object now (replaced behind the mount):
+                    // its attributes are not this node's (a reader of this node's file
+                    // would have its reads cut at the other file's size).
+                    elsewhere = true;
+                    return Err(io::Error::from_raw_os_error(libc::ENOENT));
+                }
+                Ok(st)
+            }),
             None => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
         match stat {
             Ok(mut st) => {
                 self.pending_attr(id, &mut st);
-                Ok(attr_of(id, &st))
+                Ok(st)
+            }
+            // The node's name leads elsewhere: the kernel's dentry is stale (dropped now).
+            // The node's own file answers while it is open (fstat of its handles, which
+            // carries no handle in FUSE); otherwise ESTALE, and the kernel looks the name
+            // up again.
+            Err(_) if elsewhere => {
+                if let Some(path) = inode.path()
+                    && let Some(name) = path.file_name()
+                {
+                    let notice = Notice::Entry(inode.parent(), name.to_os_string());
+                    self.coherence.notify(notice);
+                }
+                let own = self.open_source_fd(&inode);
+                let mut st = own
+                    .and_then(|f| fstat(f.as_fd()).ok())
+                    .ok_or(Errno::ESTALE)?;
+                self.pending_attr(id, &mut st);
+                Ok(st)
             }
             // fstat of an open file whose name is gone: answer from an open descriptor.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
@@ -719,7 +784,7 @@ impl CachingFs {
                     .or_else(|| inode.file().as_ref().and_then(|s| s.unlinked));
                 let mut st = st.ok_or(Errno::ENOENT)?;
                 self.pending_attr(id, &mut st);
-                Ok(attr_of(id, &st))
+                Ok(st)
             }
             Err(e) => Err(errno(e)),
         }
@@ -981,6 +1046,11 @@ impl CachingFs {
             self.listing_changed(dir);
         }
         self.cache.rename(&from, &to, flags);
+        if exchange {
+            self.cache_renamed(&[&from, &to]);
+        } else {
+            self.cache_renamed(&[&to]);
+        }
         // rename changes the file's ctime: keep its cache record matching (our own change).
         if let Some(before) = before.filter(|b| b.is_file())
             && let Ok(after) = self.source.stat(&to)
@@ -1053,6 +1123,26 @@ impl CachingFs {
 
     /// A change made through the mount that moved ctime/mtime but not the data (chmod,
     /// utimens, rename, link): the cached data stays valid, so its identity follows.
+    /// The cache renamed the data files now at `paths` (a rename moves a file's ctime):
+    /// their loaded states take the new identities as hoardfs's own (`FileFetch::own`).
+    fn cache_renamed(&self, paths: &[&Path]) {
+        let renamed: Vec<Arc<Inode>> = (self.loaded.lock().unwrap().values())
+            .filter(|i| {
+                i.names
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|n| paths.contains(&n.as_path()))
+            })
+            .cloned()
+            .collect();
+        for inode in renamed {
+            if let Some(state) = inode.file().as_ref() {
+                Self::noted(state);
+            }
+        }
+    }
+
     fn own_change(&self, path: &Path, before: &Stat, after: &Stat) {
         let inode = self.find_inode(path, after);
         if let Some(inode) = &inode {
@@ -1109,6 +1199,7 @@ impl CachingFs {
                         .map(|f| self.counted(&f.data, || f.data.set_len(size)))
                         .transpose()
                         .is_ok();
+                    Self::noted(state);
                     if ok && after.size == size {
                         state.record.resize(size);
                         state.record.identity = self.identity(after);
@@ -1414,18 +1505,21 @@ impl CachingFs {
         flags & (libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC)
     }
 
-    /// Opens a regular file. `make_backing` registers a cache file for passthrough.
+    /// Opens a regular file for process `pid`. `make_backing` registers a cache file for
+    /// passthrough.
     pub fn open(
         &self,
         id: u64,
         flags: i32,
+        pid: u32,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let inode = self.inode(id)?;
-        // A node whose name is gone (unlinked, or replaced by a rename over it behind the
-        // mount) while the kernel still had its dentry: ESTALE makes the kernel look the
-        // name up again and retry the open (`do_filp_open`, LOOKUP_REVAL), which then opens
-        // what the name is now, or fails with ENOENT if nothing is.
+        if inode.is_retired() {
+            return self.open_retired(&inode, flags, pid, make_backing);
+        }
+        // No name leads here any more (unlinked, or another file took the name): the
+        // kernel's dentry is stale, and on ESTALE it looks the name up again.
         let path = inode.path().ok_or(Errno::ESTALE)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let offline = || {
@@ -1445,6 +1539,43 @@ impl CachingFs {
             Err(_) if !self.online() => offline(),
             r => r,
         }
+    }
+
+    /// An open of a retired node: an old version, kept for the handles open on it. The
+    /// kernel looks the name up again on ESTALE and retries the open once, which then
+    /// reaches the new entry. When the retry finds a retired node again (the file was
+    /// replaced again meanwhile), failing would make an open of a name that always existed
+    /// fail; it gets the version this node holds instead, whole, replaced only moments ago.
+    fn open_retired(
+        &self,
+        inode: &Arc<Inode>,
+        flags: i32,
+        pid: u32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        const RETRY: Duration = Duration::from_secs(1);
+        let retried = {
+            let mut told = self.estale_told.lock().unwrap();
+            told.retain(|_, at| at.elapsed() < RETRY);
+            let retried = told.remove(&pid).is_some();
+            if !retried {
+                told.insert(pid, Instant::now());
+            }
+            retried
+        };
+        let guard = inode.file();
+        let whole = guard
+            .as_ref()
+            .is_some_and(|s| s.complete() && s.files.is_some());
+        if !retried
+            || !whole
+            || flags & libc::O_ACCMODE != libc::O_RDONLY
+            || flags & libc::O_TRUNC != 0
+        {
+            return Err(Errno::ESTALE);
+        }
+        Stats::add(&self.stats.cache.retired_opens, 1);
+        self.finish_open(inode, guard, false, None, true, make_backing)
     }
 
     fn open_online(
@@ -1468,6 +1599,19 @@ impl CachingFs {
             let st = self.source.fstat(fd.as_fd()).map_err(errno)?;
             (Some(fd), st)
         };
+        if self.stable_ino && (st.dev, st.ino) != inode.key {
+            // Another file has the name now (renamed over it behind the mount, and no
+            // watcher told the kernel yet). This node stays with the file it was looked up
+            // as, whose open handles keep reading it; the kernel looks the name up again on
+            // ESTALE and opens the node of the file the name leads to now.
+            let parent = inode.parent();
+            inode.remove_name(&path);
+            if let Some(name) = path.file_name() {
+                self.coherence
+                    .notify(Notice::Entry(parent, name.to_os_string()));
+            }
+            return Err(Errno::ESTALE);
+        }
         if !st.is_file() {
             return Err(Errno::EINVAL);
         }
@@ -1491,7 +1635,16 @@ impl CachingFs {
                     && !state.written
                     && state.record.identity != self.identity(&st)
                 {
-                    self.stale(state, &st);
+                    // Changed behind the mount while open, before the watcher or a lease
+                    // acted on it.
+                    let c = &self.coherence.counters;
+                    c.changes_detected.fetch_add(1, Ordering::Relaxed);
+                    if self.keep_version(&inode, state, &st) {
+                        // The handles open on this node keep their version; the kernel
+                        // retries the open on the name's new node.
+                        return Err(Errno::ESTALE);
+                    }
+                    self.stale(state, &st, Some(&path));
                     keep_cache = false;
                 }
             }
@@ -1537,12 +1690,25 @@ impl CachingFs {
         if !state.complete() && state.fetch_src.is_none() {
             state.fetch_src = self
                 .fetcher
-                .open_source(|| self.source.open_reader(&path, &state.record.identity));
+                .open_source(|| self.open_fetch_reader(&path, &state.record.identity));
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).
         let source = if writable || (!state.complete() && state.fetch_src.is_none()) {
             let opened = self.source.open_file(&path, Self::source_flags(flags));
+            // A reader's bytes must all be of the version this open validated: a name that
+            // leads to another version by now (renamed over, rewritten since the stat)
+            // makes the kernel retry the open.
+            let opened = opened.and_then(|f| {
+                let raced = !writable
+                    && self.stale_check()
+                    && !self.source.is_object()
+                    && self.identity(&fstat(f.as_fd())?) != self.identity(&st);
+                if raced {
+                    return Err(io::Error::from_raw_os_error(libc::ESTALE));
+                }
+                Ok(f)
+            });
             match opened {
                 Ok(f) => Some(f),
                 Err(e) => {
@@ -1725,6 +1891,16 @@ impl CachingFs {
                     Stats::add(&self.stats.cache.stale_invalidations, 1);
                 }
             }
+            Ok(Some(Err(crate::cache::record::RecordError::DataChanged)))
+                if crate::cache::store::read_record_unchecked(&files.meta)
+                    .is_ok_and(|r| matches!(r, Some(Ok(r)) if r.present_count() == 0)) =>
+            {
+                // A record that claims nothing: its data file is being fetched into by
+                // another open of an older or newer version (a file replaced behind the
+                // mount), not damaged.
+                tracing::debug!(?path, "empty cache record of another data file");
+                Stats::add(&self.stats.cache.stale_invalidations, 1);
+            }
             Ok(Some(Err(e))) => {
                 tracing::warn!(?path, "discarding cache record: {e}");
                 Stats::add(&self.stats.cache.corrupt_records, 1);
@@ -1742,43 +1918,160 @@ impl CachingFs {
         state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
         state.files = Some(files);
         if reset {
-            self.reset_as(&mut state, st, had_record || new_file);
+            self.reset_as(&mut state, st, had_record || new_file, Some(path));
+        } else {
+            // As read_record found it: what the record vouches for.
+            state.fetch.set_own(Some(state.record.data));
         }
         state.record.last_used = now_millis();
         (state, reset)
     }
 
-    /// The source changed behind the mount while the file was open.
-    fn stale(&self, state: &mut FileState, st: &Stat) {
+    /// The source changed behind the mount while the file was open (and its handles
+    /// cannot keep their version, `keep_version`): the cache follows the new version.
+    fn stale(&self, state: &mut FileState, st: &Stat, path: Option<&Path>) {
         Stats::add(&self.stats.cache.stale_invalidations, 1);
-        self.reset(state, st);
+        self.reset(state, st, path);
     }
 
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
-    fn reset(&self, state: &mut FileState, st: &Stat) {
-        self.reset_as(state, st, true);
+    fn reset(&self, state: &mut FileState, st: &Stat, path: Option<&Path>) {
+        self.reset_as(state, st, true, path);
     }
 
-    /// `reset`; `durable`: the empty record is synced before the data file is truncated
-    /// (needed whenever an older record could claim chunks of the data file).
-    fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool) {
+    /// `reset`; `durable`: the empty record is synced before the data file changes
+    /// (needed whenever an older record could claim chunks of the data file). A data file
+    /// that holds bytes is never truncated or rewritten: someone may still read it (the
+    /// kernel's passthrough backing, a mapping, an open file keeping its version), so the
+    /// new version gets a new data file, renamed over the old one (`replace_data`).
+    /// `path`: the cache entry's name; `None` for a file whose names are gone, whose data
+    /// file nobody can reach any more (it is then emptied in place).
+    fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool, path: Option<&Path>) {
         state.fetch.invalidate();
         state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
-        let Some(files) = &state.files else { return };
-        let r = write_record(files, &state.record, durable).and_then(|_| {
-            self.counted(&files.data, || {
-                files.data.set_len(0)?;
-                files.data.set_len(st.size)
-            })
-        });
-        if let Err(e) = r {
-            tracing::warn!("cannot reset cache file: {e}");
-            Stats::add(&self.stats.cache.cache_errors, 1);
-            state.files = None;
+        if path.is_some() {
+            // The fetch descriptor may be of another file than the new version (one renamed
+            // over the name): the next fetch opens the source anew for the new identity.
+            state.fetch_src = None;
         }
+        let Some(files) = &mut state.files else {
+            return;
+        };
+        let r = self.fresh_data(files, &state.record, durable, path, false);
+        match r {
+            Ok(true) => {
+                // Flights and hints of the old data file end with it.
+                state.fetch.kill();
+                state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("cannot reset cache file: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                state.files = None;
+                return;
+            }
+        }
+        Self::noted(state);
+    }
+
+    /// Makes `files` hold the empty record `rec` and a data file of its size with nothing
+    /// in it: a new data file at `path` if the old one holds bytes (or with `replace`).
+    /// Returns whether the data file was replaced. Crash rules: the empty record is written (durably with `durable`)
+    /// before anything happens to the data, and the new data file is vouched for only by a
+    /// record written after it is in place.
+    fn fresh_data(
+        &self,
+        files: &mut CacheFiles,
+        rec: &CacheRecord,
+        durable: bool,
+        path: Option<&Path>,
+        replace: bool,
+    ) -> io::Result<bool> {
+        write_record(files, rec, durable)?;
+        let size = rec.identity.size;
+        let held = replace || files.data.metadata()?.len() > 0;
+        match path {
+            Some(path) if held => {
+                // The old file's blocks go when its last holder closes it; the new one
+                // starts as a hole.
+                let old = fstat(files.data.as_fd()).map_or(0, |st| st.blocks * 512);
+                files.data = self.cache.replace_data(path, size)?;
+                self.usage.adjust(old, 0);
+                write_record(files, rec, false)?;
+                Ok(true)
+            }
+            _ => {
+                self.counted(&files.data, || {
+                    files.data.set_len(0)?;
+                    files.data.set_len(size)
+                })?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The source changed behind the mount while `inode` is open with its whole old version
+    /// in the cache: the open handles keep that version (the session semantics of AFS and
+    /// Coda), and the name gets a new entry for everything else. On disk the cache entry
+    /// passes to the new version (an empty record and a new data file), while this state
+    /// keeps the old data file through its descriptor and writes its record where nobody
+    /// reads it. The inode is retired: lookups make a new one (a new kernel node, whose
+    /// opens may use passthrough to the new data file: the kernel allows one backing file
+    /// per node), and the kernel is asked to drop the name. Returns false, changing nothing,
+    /// where the handles cannot keep their version (it is not whole in the cache, or writes
+    /// through the mount are under way); the caller then resets the cache in place.
+    fn keep_version(&self, inode: &Arc<Inode>, state: &mut FileState, st: &Stat) -> bool {
+        let opens = state.daemon_opens + state.passthrough_opens;
+        if opens == 0
+            || !state.complete()
+            || state.written
+            || state.record.dirty
+            || state.offline_base.is_some()
+        {
+            return false;
+        }
+        let Some(files) = state.files.as_mut() else {
+            return false;
+        };
+        let scratch = match crate::cache::store::scratch_file() {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("cannot keep an old version apart: {e}");
+                return false;
+            }
+        };
+        // From here on nothing this state writes reaches the entry's record.
+        let meta = std::mem::replace(&mut files.meta, scratch);
+        let path = inode.path();
+        if let Some(path) = &path {
+            let rec = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
+            let moved = files.data.try_clone().and_then(|data| {
+                let mut entry = CacheFiles { data, meta };
+                self.fresh_data(&mut entry, &rec, true, Some(path), true)
+            });
+            if let Err(e) = moved {
+                // The old data file may still be the entry's: drop the entry (record
+                // first), so that nothing ever writes to the file the old handles read.
+                tracing::warn!(?path, "cannot cache the new version apart: {e}");
+                Stats::add(&self.stats.cache.cache_errors, 1);
+                if let Err(e) = self.cache.remove(path) {
+                    tracing::warn!(?path, "cannot drop cache entry: {e}");
+                }
+            }
+        }
+        // Replaced by our rename: the old file's ctime moved with its link count.
+        Self::noted(state);
+        inode.retire();
+        Stats::add(&self.stats.cache.versions_kept, 1);
+        if let Some(name) = path.as_deref().and_then(Path::file_name) {
+            self.coherence
+                .notify(Notice::Entry(inode.parent(), name.to_os_string()));
+        }
+        true
     }
 
     /// Stops using the cache for this open file (after a failed cache write or an
@@ -1813,9 +2106,60 @@ impl CachingFs {
         }
     }
 
+    /// hoardfs has just changed the state's data file (see `FileFetch::own`).
+    fn noted(state: &FileState) {
+        if let Some(files) = &state.files {
+            state.fetch.note_written(&files.data);
+        }
+    }
+
+    /// Whether the data file is as hoardfs itself last left it (`FileFetch::own`); true
+    /// where that is not known. A record may only vouch for data hoardfs wrote: call this
+    /// before stamping a record that claims chunks.
+    fn data_is_ours(&self, state: &FileState) -> bool {
+        let Some(files) = &state.files else {
+            return true;
+        };
+        let ff = &state.fetch;
+        let now = ff.quiet(|| fstat(files.data.as_fd()));
+        match (ff.own(), now) {
+            // A data file no name leads to any more (unlinked or replaced, by us or not) is
+            // never loaded again, whatever its record says.
+            (Some(own), Ok(now)) => now.nlink == 0 || own == DataIdentity::of(&now),
+            _ => true,
+        }
+    }
+
+    /// The data file was changed behind hoardfs's back while the file was loaded (edited
+    /// in the cache directory): nothing of it is vouched for any more. The record is
+    /// emptied (durably), so every chunk is fetched again; nothing is stamped as valid.
+    fn discard_foreign_data(&self, state: &mut FileState) {
+        tracing::warn!("a cache data file was changed behind hoardfs's back; refetching it");
+        Stats::add(&self.stats.cache.corrupt_records, 1);
+        state.fetch.invalidate();
+        state.record = CacheRecord::empty(state.record.identity, state.record.chunk_size);
+        state.unsynced = 0;
+        state.written = false;
+        if let Some(files) = &state.files {
+            match write_record(files, &state.record, true) {
+                // The empty record vouches for nothing; from here the file is hoardfs's.
+                Ok(()) => state.fetch.set_own(
+                    fstat(files.data.as_fd())
+                        .ok()
+                        .map(|st| DataIdentity::of(&st)),
+                ),
+                Err(_) => state.files = None,
+            }
+        }
+    }
+
     /// Makes fetched chunks and written data durable and the record match them.
     fn checkpoint(&self, state: &mut FileState) {
         if state.unsynced == 0 && !state.written {
+            return;
+        }
+        if !self.data_is_ours(state) {
+            self.discard_foreign_data(state);
             return;
         }
         let Some(files) = &state.files else {
@@ -1831,6 +2175,7 @@ impl CachingFs {
                 Stats::add(&self.stats.cache.checkpoints, 1);
                 state.unsynced = 0;
                 state.written = false;
+                Self::noted(state);
             }
             Err(e) => {
                 tracing::warn!("cache checkpoint failed: {e}");
@@ -1866,7 +2211,14 @@ impl CachingFs {
         r
     }
 
+    /// Rewrites the record (its identity, last use), stamped with the data file as it is:
+    /// first checked to be as hoardfs left it, or the record would vouch for someone
+    /// else's bytes.
     fn persist_record(&self, state: &mut FileState, durable: bool) {
+        if !self.data_is_ours(state) {
+            self.discard_foreign_data(state);
+            return;
+        }
         if let Some(files) = &state.files
             && write_record(files, &state.record, durable).is_err()
         {
@@ -1900,7 +2252,9 @@ impl CachingFs {
             .files
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        files.data.write_all_at(&buf, off)?;
+        let w = files.data.write_all_at(&buf, off);
+        state.fetch.note_written(&files.data);
+        w?;
         self.usage.add(len as u64);
         state.record.set_present(c, true);
         state.unsynced += 1;
@@ -1999,6 +2353,7 @@ impl CachingFs {
                     state.record.set_present(c, true);
                 }
             }
+            Self::noted(state);
         }
         state.record.identity = self.identity(&after);
         Ok(data.len() as u32)
@@ -2143,6 +2498,7 @@ impl CachingFs {
                 }
                 Err(_) => self.drop_cached(state),
             }
+            Self::noted(state);
         }
         res.map_err(errno)
     }

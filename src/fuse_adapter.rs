@@ -277,9 +277,11 @@ impl Filesystem for FuseAdapter {
         self.entry(reply, newparent, self.fs.link(ino.0, newparent.0, newname));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _timer = self.fs.stats.start(Op::Open);
-        let r = self.fs.open(ino.0, flags.0, &|f| reply.open_backing(f));
+        let r = self
+            .fs
+            .open(ino.0, flags.0, req.pid(), &|f| reply.open_backing(f));
         match r {
             Ok(o) => match &o.backing {
                 Some(b) => reply.opened_passthrough(FileHandle(o.fh), o.flags, b),

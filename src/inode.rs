@@ -39,7 +39,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -112,6 +112,11 @@ pub struct Inode {
     pub names: Mutex<Vec<PathBuf>>,
     /// Cache state of a regular file while it is open through the mount.
     pub file: Mutex<Option<FileState>>,
+    /// The source changed behind the mount while this file was open: its open handles keep
+    /// the version they opened, and the file's names lead to a new entry (a new kernel
+    /// node) for everything else. Lookups never return a retired entry, and opens of it
+    /// answer `ESTALE`, so that the kernel looks the name up again.
+    retired: AtomicBool,
 }
 
 impl Inode {
@@ -123,7 +128,37 @@ impl Inode {
             parent: AtomicU64::new(parent),
             names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// See `retired`: from now on this entry serves only the handles already open.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Whether `st`, found at `path` with this entry's `(dev, ino)`, is another file that
+    /// was given the same inode number after this one's was freed (sources reuse freed
+    /// numbers at once): a file with one link, which this entry knows by other names only,
+    /// and whose cache state is not loaded (a loaded state holds its file open, so that
+    /// number cannot have been freed: that would be a rename). Taking such an entry for
+    /// the new file would leave its old names leading to the new file's node, so that an
+    /// open through an old name served another file's bytes.
+    fn reused_by(&self, path: &Path, st: &Stat) -> bool {
+        if st.nlink != 1 || st.is_dir() {
+            return false;
+        }
+        {
+            let names = self.names.lock().unwrap();
+            if names.is_empty() || names.iter().any(|n| n == path) {
+                return false;
+            }
+        }
+        matches!(self.file.try_lock(), Ok(g) if g.is_none())
     }
 
     /// The path of the name last used to reach this inode; `None` once every name it was
@@ -467,6 +502,8 @@ impl InodeTable {
         if let Some(&id) = inner.by_key.get(&key)
             && let Some(e) = inner.by_id.get_mut(&id)
             && e.inode.file_type == st.file_type()
+            && !e.inode.is_retired()
+            && !e.inode.reused_by(path, st)
         {
             let inode = e.inode.clone();
             e.count += 1;
@@ -518,6 +555,8 @@ impl InodeTable {
         if let Some(&id) = inner.by_key.get(&key)
             && let Some(e) = inner.by_id.get(&id)
             && e.inode.file_type == st.file_type()
+            && !e.inode.is_retired()
+            && !e.inode.reused_by(path, st)
         {
             e.inode.set_path(path);
             return e.inode.clone();
@@ -547,7 +586,7 @@ impl InodeTable {
         let inner = self.inner.lock().unwrap();
         let id = inner.by_key.get(&(st.dev, st.ino))?;
         let inode = &inner.by_id.get(id)?.inode;
-        if inode.file_type != st.file_type() {
+        if inode.file_type != st.file_type() || inode.is_retired() || inode.reused_by(path, st) {
             return None;
         }
         inode.set_path(path);
@@ -781,8 +820,12 @@ mod tests {
     #[test]
     fn follows_lookup_counts_and_shares_hard_links() {
         let t = table(1000, 0);
-        let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
-        let b = t.lookup(ROOT_ID, Path::new("b"), &file(10));
+        let linked = Stat {
+            nlink: 2,
+            ..file(10)
+        };
+        let a = t.lookup(ROOT_ID, Path::new("a"), &linked);
+        let b = t.lookup(ROOT_ID, Path::new("b"), &linked);
         assert_eq!(a.id, b.id, "hard links share one entry");
         assert_eq!(a.path(), p("b"));
         a.remove_name(Path::new("b"));
@@ -832,10 +875,10 @@ mod tests {
         let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
         t.forget(a.id, 1);
         assert!(t.get(a.id).is_some(), "kept on the free list");
-        let again = t.lookup(ROOT_ID, Path::new("a2"), &file(10));
+        let again = t.lookup(ROOT_ID, Path::new("a"), &file(10));
         assert_eq!(again.id, a.id);
         assert!(Arc::ptr_eq(&again, &a));
-        assert_eq!(again.path(), p("a2"));
+        assert_eq!(again.path(), p("a"));
         let s = t.snapshot();
         assert_eq!(
             (s.reuses, s.allocations, s.free, s.referenced),
@@ -844,6 +887,28 @@ mod tests {
         // Its count starts again from one.
         t.forget(a.id, 1);
         assert_eq!(t.snapshot().free, 1);
+    }
+
+    #[test]
+    fn a_reused_inode_number_under_another_name_is_another_file() {
+        let t = table(1000, 10);
+        let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        // The source freed inode 10 and gave it to a new file "b": a new entry, so that the
+        // kernel's node for "a" never leads to "b"'s bytes.
+        let b = t.lookup(ROOT_ID, Path::new("b"), &file(10));
+        assert_ne!(a.id, b.id);
+        assert_eq!((a.path(), b.path()), (p("a"), p("b")));
+        assert!(Arc::ptr_eq(&t.find(Path::new("b"), &file(10)).unwrap(), &b));
+        assert!(t.find(Path::new("c"), &file(10)).is_none());
+        // A file open through the mount holds its inode number: another name for it is the
+        // same file (renamed behind the mount).
+        let open = file(20);
+        let o = t.lookup(ROOT_ID, Path::new("o"), &open);
+        // (A state being loaded or used counts as loaded.)
+        let busy = o.file();
+        let moved = t.lookup(ROOT_ID, Path::new("moved"), &open);
+        drop(busy);
+        assert!(Arc::ptr_eq(&o, &moved));
     }
 
     #[test]

@@ -71,6 +71,8 @@ counters! {
     bytes_uploaded: "bytes uploaded to an object-store source",
     chunks_fetched: "chunks fetched from the source into the cache",
     stale_invalidations: "cached files dropped because the source changed",
+    versions_kept: "files changed behind the mount while open whole: open handles kept the old version, new opens got a new node",
+    retired_opens: "opens that, retried by the kernel after ESTALE, found the file replaced again and got the version just replaced",
     corrupt_records: "cache records found torn or corrupt and discarded",
     cache_errors: "cache I/O errors (the request was served from the source)",
     checkpoints: "durable record updates",

@@ -215,3 +215,36 @@ fn a_partially_cached_file_with_an_edited_chunk_is_refetched() {
     assert!(fs::read(t.m("f")).unwrap() == want);
     assert!(Path::new(&t.c("f")).is_file());
 }
+
+/// Bytes edited in a cache data file while the file is open through the mount (issue 20,
+/// case 6): the last close must not stamp them into the record (a record vouches only for
+/// data hoardfs wrote), so they are never served, neither on the next open nor after a
+/// remount. A small file (passthrough) and a chunked one, whole in the cache.
+#[test]
+fn a_data_file_edited_while_open_is_not_vouched_for_at_close() {
+    let t = &mut TestMount::new(&["--whole-file-threshold", "64K", "--chunk-size", "64K"]);
+    let files = [("small", SMALL), ("big", BIG)];
+    for (name, len) in files {
+        fs::write(t.s(name), pattern(len, len as u64)).unwrap();
+        assert!(fs::read(t.m(name)).unwrap() == fs::read(t.s(name)).unwrap());
+    }
+    for (name, _) in files {
+        let open = fs::File::open(t.m(name)).unwrap();
+        // Past the ctime tick of our own writes.
+        std::thread::sleep(Duration::from_millis(20));
+        let data = fs::OpenOptions::new().write(true).open(t.c(name)).unwrap();
+        data.write_all_at(b"EVIL", 100).unwrap();
+        drop(data);
+        drop(open);
+    }
+    // The releases reach the daemon after close(2) returns.
+    std::thread::sleep(Duration::from_millis(200));
+    for round in 0..2 {
+        for (name, _) in files {
+            let want = fs::read(t.s(name)).unwrap();
+            let got = fs::read(t.m(name)).unwrap();
+            assert!(got == want, "{name} (round {round}): served edited bytes");
+        }
+        t.remount();
+    }
+}

@@ -32,6 +32,9 @@ pub struct CacheStore {
     meta: Arc<BeneathRoot>,
     /// Directory listings for disconnected operation (`listing.rs`).
     dirs: BeneathRoot,
+    /// New data files while they are made, before they are renamed into `data/`; emptied
+    /// at start (what a crash left there belongs to nothing).
+    tmp: BeneathRoot,
     root: PathBuf,
     /// Held for the life of the store: one daemon per cache directory.
     _lock: File,
@@ -137,10 +140,17 @@ impl CacheStore {
         // A FORMAT.tmp left by a crash of a first mount.
         let _ = top.unlink(Path::new("FORMAT.tmp"));
         let sub = |name: &str| private_dir(&top, Path::new(name), true);
+        // Emptied here: what a crash left there belongs to nothing (a symlink or file in
+        // its place is replaced by `private_dir`, never followed).
+        let tmp = sub("tmp")?;
+        for e in tmp.read_dir(Path::new(""))? {
+            remove_tree(&tmp, Path::new(&e.name))?;
+        }
         Ok(CacheStore {
             data: Arc::new(sub("data")?),
             meta: Arc::new(sub("meta")?),
             dirs: sub("dirs")?,
+            tmp,
             top: Arc::new(top),
             root: root.to_path_buf(),
             _lock: lock,
@@ -205,6 +215,41 @@ impl CacheStore {
             data: open(&self.data)?,
             meta: open(&self.meta)?,
         })
+    }
+
+    /// Puts a new data file of `len` bytes (a hole) at `rel` in place of the one there, and
+    /// returns it. The old file is never written: whoever holds it (an open handle, the
+    /// kernel's passthrough backing, a mapping) keeps reading its bytes whole. The new file
+    /// is made in `tmp/` (mode 0600, exclusive) and renamed over the old one, so the name
+    /// always leads to one whole file. The caller must write a record for the new file
+    /// afterwards: the old record's data identity no longer matches (crash rule 4).
+    pub fn replace_data(&self, rel: &Path, len: u64) -> io::Result<File> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if let Some(parent) = rel.parent() {
+            mkdir_p(&self.data, parent)?;
+        }
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = PathBuf::from(format!("new-{}-{n}", std::process::id()));
+        let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL;
+        let file = File::from(self.tmp.openat(&name, flags, 0o600)?);
+        let (tdir, tname) = self.data.parent(rel)?;
+        let (fdir, fname) = self.tmp.parent(&name)?;
+        let placed = file.set_len(len).and_then(|_| {
+            cvt(unsafe {
+                libc::renameat(
+                    fdir.as_raw_fd(),
+                    fname.as_ptr(),
+                    tdir.as_raw_fd(),
+                    tname.as_ptr(),
+                )
+            })
+            .map(|_| ())
+        });
+        if let Err(e) = placed {
+            let _ = self.tmp.unlink(&name);
+            return Err(e);
+        }
+        Ok(file)
     }
 
     /// Opens the data file and record of `rel` if both exist and are hoardfs's own (never
@@ -540,8 +585,14 @@ pub fn read_record_unchecked(
 /// file's current identity: call it after every change hoardfs makes to the data file that
 /// the record should vouch for.
 pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io::Result<()> {
+    let data = fstat(files.data.as_fd())?;
+    if data.nlink == 0 {
+        // The data file was replaced (a new version renamed over it, `replace_data`) or
+        // removed: the entry is not this record's any more, and another state may own it.
+        return Ok(());
+    }
     let mut rec = rec.clone();
-    rec.data = DataIdentity::of(&fstat(files.data.as_fd())?);
+    rec.data = DataIdentity::of(&data);
     let bytes = rec.encode();
     let meta = &files.meta;
     let mut f = meta;
@@ -552,6 +603,15 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
         meta.sync_data()?;
     }
     Ok(())
+}
+
+/// A file that belongs to no path: the record file of a cache state that no longer owns its
+/// entry (an open file that keeps an old version), so that whatever that state writes to
+/// its record vouches for nothing on disk.
+pub fn scratch_file() -> io::Result<File> {
+    let fd = unsafe { libc::memfd_create(c"hoardfs-retired".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = cvt(fd)?;
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// `mkdir -p` beneath `tree`, replacing any non-directory in the way (it is stale cache).
@@ -755,6 +815,44 @@ mod tests {
                 & 0o777,
             0o755,
             "the directory outside was chmodded"
+        );
+    }
+
+    #[test]
+    fn replace_data_leaves_the_old_file_whole_to_its_holders() {
+        let c = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(c.path()).unwrap();
+        let old = s.open_files(Path::new("d/f")).unwrap();
+        old.data.write_all_at(b"old bytes", 0).unwrap();
+        let new = s.replace_data(Path::new("d/f"), 5).unwrap();
+        new.write_all_at(b"new", 0).unwrap();
+        let mut buf = [0u8; 9];
+        old.data.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"old bytes");
+        assert_eq!(
+            std::fs::read(c.path().join("data/d/f")).unwrap(),
+            b"new\0\0"
+        );
+        let mode = std::fs::metadata(c.path().join("data/d/f")).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(c.path().join("tmp")).unwrap().count(), 0);
+        drop(s);
+        // What a crash leaves in tmp/ goes at the next start; a symlink there is not
+        // followed.
+        std::fs::write(c.path().join("tmp/new-1-1"), b"x").unwrap();
+        let s = CacheStore::open(c.path()).unwrap();
+        assert_eq!(std::fs::read_dir(c.path().join("tmp")).unwrap().count(), 0);
+        drop(s);
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("precious"), b"x").unwrap();
+        std::fs::remove_dir(c.path().join("tmp")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), c.path().join("tmp")).unwrap();
+        let _s = CacheStore::open(c.path()).unwrap();
+        assert!(outside.path().join("precious").exists());
+        assert!(
+            std::fs::symlink_metadata(c.path().join("tmp"))
+                .unwrap()
+                .is_dir()
         );
     }
 

@@ -12,9 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{CachingFs, FileState, child};
-use crate::cache::CacheRecord;
-use crate::cache::store::write_record;
+use super::{CachingFs, child};
 use crate::coherence::{Batch, Notice};
 use crate::inode::Inode;
 use crate::source::Stat;
@@ -79,6 +77,7 @@ impl CachingFs {
                 let to_dir = batch.names[*i].moved_to.as_ref().map_or(0, |m| m.0);
                 self.inodes.renamed(path, to, false, nc.dir, to_dir);
                 self.cache.rename(path, to, 0);
+                self.cache_renamed(&[to]);
             }
             // Do the names we gave the kernel still say what the source says? Then the
             // event was our own change and the kernel needs no notice: notices take the
@@ -160,15 +159,17 @@ impl CachingFs {
     }
 
     /// Compares an open file's cache with the source version `st` and, if the source
-    /// changed behind the mount, drops the cached data. `data_event`: a watcher saw the
-    /// data written; without it, a new ctime with the same size and mtime is a metadata
-    /// change (rename, chmod) and the cached data stays. `None`: the file is not open;
-    /// `Some(changed)` otherwise.
-    fn revalidate_open(&self, inode: &Inode, st: &Stat, data_event: bool) -> Option<bool> {
+    /// changed behind the mount, acts on it: handles open on the whole old version keep it
+    /// and the name moves to a new node (`keep_version`); otherwise the cached data is
+    /// dropped. `data_event`: a watcher saw the data written; without it, a new ctime with
+    /// the same size and mtime is a metadata change (rename, chmod) and the cached data
+    /// stays. `None`: the file is not open; `Some(changed)` otherwise.
+    fn revalidate_open(&self, inode: &Arc<Inode>, st: &Stat, data_event: bool) -> Option<bool> {
         let mut guard = inode.file();
         let state = guard.as_mut()?;
         let now = self.identity(st);
-        if state.written
+        if inode.is_retired()
+            || state.written
             || state.record.identity == now
             || !self.coherence.tunables.stale_check.load(Relaxed)
             || (st.dev, st.ino) != inode.key
@@ -185,37 +186,10 @@ impl CachingFs {
             self.persist_record(state, false);
             return Some(true);
         }
-        if state.passthrough_opens > 0 {
-            self.refresh_in_place(inode, state, st);
-        } else {
-            self.stale(state, st);
+        if !self.keep_version(inode, state, st) {
+            self.stale(state, st, inode.path().as_deref());
         }
         Some(true)
-    }
-
-    /// The source changed under a file that passthrough readers have open: their reads go
-    /// straight to the cache file, which cannot be swapped under them, so the new version
-    /// is fetched into it in place (they see the change as readers of a local file see a
-    /// writer's). The record says "nothing present" until the fetch is done, so no new open
-    /// trusts the file midway.
-    fn refresh_in_place(&self, inode: &Inode, state: &mut FileState, st: &Stat) {
-        state.fetch.invalidate();
-        state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
-        state.unsynced = 0;
-        let Some(files) = &state.files else { return };
-        let r = write_record(files, &state.record, true).and_then(|_| files.data.set_len(st.size));
-        if let Err(e) = r {
-            tracing::warn!("cannot refresh cache file: {e}");
-            state.files = None;
-            return;
-        }
-        if state.fetch_src.is_none() {
-            state.fetch_src = inode.path().and_then(|p| {
-                let id = &state.record.identity;
-                self.fetcher.open_source(|| self.source.open_reader(&p, id))
-            });
-        }
-        self.fetch_all(state);
     }
 
     /// Revalidates open files whose leases expired, and renews the leases of those still

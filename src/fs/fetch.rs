@@ -98,7 +98,7 @@ impl CachingFs {
         if state.fetch_src.is_none() && (first..=last).any(|c| !state.record.is_present(c)) {
             state.fetch_src = h.inode.path().and_then(|p| {
                 let id = &state.record.identity;
-                self.fetcher.open_source(|| self.source.open_reader(&p, id))
+                self.fetcher.open_source(|| self.open_fetch_reader(&p, id))
             });
         }
         let chunk_len = |c: u64| cs.min(file_size - c * cs);
@@ -389,7 +389,7 @@ impl CachingFs {
             f.committed(buf.len() as u64);
             Ok::<(), std::io::Error>(())
         };
-        match ctx.ff.with_data(f.epoch, written) {
+        match ctx.ff.write_data(f.epoch, written) {
             None => Copied::Aborted,
             Some(Err(e)) => Copied::CacheFailed(e),
             Some(Ok(())) => Copied::Bytes(buf.len()),
@@ -415,7 +415,7 @@ impl CachingFs {
                 flight.committed(bytes.len() as u64);
                 Ok::<(), std::io::Error>(())
             };
-            let stop = match ff.with_data(flight.epoch, written) {
+            let stop = match ff.write_data(flight.epoch, written) {
                 Some(Ok(())) => return Ok(()),
                 None => Copied::Aborted,
                 Some(Err(e)) => Copied::CacheFailed(e),
@@ -664,7 +664,7 @@ impl CachingFs {
         }
         state.fetch_src = self
             .fetcher
-            .open_source(|| self.source.open_reader(&job.path, &state.record.identity));
+            .open_source(|| self.open_fetch_reader(&job.path, &state.record.identity));
         let Some(src) = state.fetch_src.clone() else {
             dropped();
             return self.unload_if_idle(&inode, &mut guard);

@@ -47,7 +47,7 @@ impl CachingFs {
             if state.fetch_src.is_none() {
                 state.fetch_src = self
                     .fetcher
-                    .open_source(|| self.source.open_reader(path, &state.record.identity));
+                    .open_source(|| self.open_fetch_reader(path, &state.record.identity));
             }
             self.fetch_all(state);
         }
@@ -157,7 +157,7 @@ impl CachingFs {
             if let Some(old) = guard.as_mut() {
                 // Open under an earlier object of this name: that one is gone.
                 old.daemon_opens += 1;
-                self.reset(old, &st);
+                self.reset(old, &st, Some(&path));
             } else {
                 *guard = Some(state);
                 self.loaded.lock().unwrap().insert(inode.id, inode.clone());

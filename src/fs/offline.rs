@@ -419,8 +419,9 @@ impl CachingFs {
                 .metadata()
                 .is_ok_and(|m| m.len() == rec.identity.size)
         {
-            state.record = rec;
             state.fetch = Arc::new(crate::fetch::FileFetch::new(files.data.try_clone().ok()));
+            state.fetch.set_own(Some(rec.data));
+            state.record = rec;
             state.files = Some(files);
         }
         state

@@ -244,7 +244,9 @@ impl CachingFs {
         state.fetch.invalidate();
         self.mark_written(state);
         let files = state.files.as_ref().ok_or(Errno::EIO)?;
-        let size = f(&files.data, state.record.identity.size).map_err(err)?;
+        let size = f(&files.data, state.record.identity.size);
+        state.fetch.note_written(&files.data);
+        let size = size.map_err(err)?;
         state.record.resize(size);
         for c in 0..state.record.nchunks() {
             state.record.set_present(c, true);
@@ -687,6 +689,7 @@ impl CachingFs {
         }
         self.inodes.renamed(&from, &to, false, parent, newparent);
         self.cache.rename(&from, &to, 0);
+        self.cache_renamed(&[&to]);
         Ok(())
     }
 

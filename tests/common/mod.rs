@@ -144,8 +144,7 @@ impl TestMount {
 
     /// Unmounts as a user would and checks that the daemon exits cleanly.
     pub fn unmount(&mut self) {
-        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
-        assert!(st.success(), "umount failed");
+        assert!(umount(&self.mnt), "umount failed");
         self.wait_exit(true);
     }
 
@@ -239,6 +238,24 @@ impl TestMount {
     }
 }
 
+/// `umount MNT`, tried for a second: another test's fork may hold a copy of a descriptor
+/// on the mount for the instant before its exec closes it (EBUSY), which is not a leak of
+/// the mount's own test.
+pub fn umount(mnt: &Path) -> bool {
+    for _ in 0..20 {
+        let ok = Command::new("umount")
+            .arg(mnt)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
 /// A test that ends with its mount still in use (a file left open in it, a process inside
 /// it) or whose daemon does not exit after the unmount fails: the mount is taken down
 /// anyway (kill, lazy unmount), so that nothing is left behind either way.
@@ -247,20 +264,7 @@ impl Drop for TestMount {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        // A few tries: another test's fork may hold a copy of a descriptor on this mount
-        // for the instant before its exec closes it (EBUSY), which is not this test's leak.
-        let mut unmounted = false;
-        for _ in 0..20 {
-            unmounted = Command::new("umount")
-                .arg(&self.mnt)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if unmounted {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let unmounted = umount(&self.mnt);
         let deadline = Instant::now() + Duration::from_secs(5);
         while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
