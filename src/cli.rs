@@ -1,6 +1,8 @@
 //! Command line: `hoardfs SOURCE MOUNTPOINT [options]` mounts; subcommands talk to a mount.
 //! Every mount option exists both as a `--long-flag` and as a mount-style `-o key=value`,
-//! so that an fstab line can carry it; explicit flags win over `-o`.
+//! so that an fstab line can carry it; explicit flags win over `-o`. The options' flags are
+//! made from the option table (`options::OPTIONS`, see `OptionArgs`); clap derive describes
+//! the rest (subcommands, SOURCE, MOUNTPOINT, `-f`, `--config`, `--mount`).
 
 use std::path::PathBuf;
 
