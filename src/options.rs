@@ -161,537 +161,256 @@ fn text(v: &str) -> Result<String, String> {
 
 /// Every option. The order is `--help`'s and the docs'.
 pub static OPTIONS: &[Opt] = &[
-    Opt {
-        key: "cache_dir",
-        form: Form::Value {
-            set: |c, v| put(&mut c.cache_dir, text(v).map(PathBuf::from)),
-        },
-        arg: "DIR",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: CACHING,
-        help: "Where cached data lives [default: $XDG_CACHE_HOME/hoardfs/<source> or \
-               /var/cache/hoardfs/<source> for root]",
-        live: None,
-    },
-    Opt {
-        key: "whole_file_threshold",
-        form: Form::Value {
-            set: |c, v| put(&mut c.whole_file_threshold, parse_size(v)),
-        },
-        arg: "SIZE",
-        choices: &[],
-        default: "8M",
-        auto_means: "",
-        heading: CACHING,
-        help: "Files up to this size are fetched whole on first open",
-        live: None,
-    },
-    Opt {
-        key: "chunk_size",
-        form: Form::Value {
-            set: |c, v| {
-                c.chunk_size =
-                    auto(v, parse_size)?.unwrap_or_else(|| config::default_chunk_size(&c.source));
-                Ok(())
-            },
-        },
-        arg: "SIZE",
-        choices: &[],
-        default: "auto",
-        auto_means: "1M; 8M for s3://",
-        heading: CACHING,
-        help: "Chunk size for larger files, a power of two >= 4K",
-        live: None,
-    },
-    Opt {
-        key: "cache_size",
-        form: Form::Value {
-            set: |c, v| put(&mut c.cache_size, size_or_auto(v)),
-        },
-        arg: "SIZE",
-        choices: &[],
-        default: "auto",
-        auto_means: "--cache-share of the cache's file system",
-        heading: CACHING,
-        help: "Cache size limit",
-        live: Some(|v| Ok(Live::CacheSize(size_or_auto(v)?))),
-    },
-    Opt {
-        key: "cache_share",
-        form: Form::Value {
-            set: |c, v| put(&mut c.cache_share, pct(v, 1, 100)),
-        },
-        arg: "PCT",
-        choices: &[],
-        default: "80",
-        auto_means: "",
-        heading: CACHING,
-        help: "Percent of the cache's file system the cache may use when --cache-size is not given",
-        live: None,
-    },
-    Opt {
-        key: "high_watermark",
-        form: Form::Value {
-            set: |c, v| put(&mut c.high_watermark, pct(v, 1, 100)),
-        },
-        arg: "PCT",
-        choices: &[],
-        default: "90",
-        auto_means: "",
-        heading: CACHING,
-        help: "The cleaner starts above this percent of the limit",
-        live: Some(|v| Ok(Live::HighWatermark(pct(v, 1, 100)?))),
-    },
-    Opt {
-        key: "low_watermark",
-        form: Form::Value {
-            set: |c, v| put(&mut c.low_watermark, pct(v, 0, 99)),
-        },
-        arg: "PCT",
-        choices: &[],
-        default: "70",
-        auto_means: "",
-        heading: CACHING,
-        help: "The cleaner cleans down to this percent of the limit",
-        live: Some(|v| Ok(Live::LowWatermark(pct(v, 0, 99)?))),
-    },
-    Opt {
-        key: "min_free",
-        form: Form::Value {
-            set: |c, v| put(&mut c.min_free, size_or_auto(v)),
-        },
-        arg: "SIZE",
-        choices: &[],
-        default: "auto",
-        auto_means: "5% of the cache's file system",
-        heading: CACHING,
-        help: "Free space to leave on the cache's file system",
-        live: Some(|v| Ok(Live::MinFree(size_or_auto(v)?))),
-    },
-    Opt {
-        key: "no_stale_check",
-        form: Form::Switch {
-            on: "no_stale_check",
-            off: Some("stale_check"),
-            short: None,
-            set: |c, on| c.stale_check = !on,
-        },
-        arg: "",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: CACHING,
-        help: "Trust the cache: do not compare cached files with the source on open",
-        live: None,
-    },
-    Opt {
-        key: "stale_check",
-        form: Form::LiveOnly,
-        arg: "on|off",
-        choices: &[],
-        default: "on",
-        auto_means: "",
-        heading: CACHING,
-        help: "Compare cached files with the source on open (--no-stale-check turns it off)",
-        live: Some(|v| Ok(Live::StaleCheck(on_off(v)?))),
-    },
-    Opt {
-        key: "fetch_workers",
-        form: Form::Value {
-            set: |c, v| put(&mut c.fetch_workers, auto(v, num)),
-        },
-        arg: "N",
-        choices: &[],
-        default: "auto",
-        auto_means: "one per CPU, 2..8; at least 8 on network and FUSE sources",
-        heading: CACHING,
-        help: "Threads fetching from the source in the background",
-        live: None,
-    },
-    Opt {
-        key: "fetch_window",
-        form: Form::Value {
-            set: |c, v| put(&mut c.fetch_window, num(v)),
-        },
-        arg: "N",
-        choices: &[],
-        default: "8",
-        auto_means: "",
-        heading: CACHING,
-        help: "Largest prefetch window of a sequential reader, in chunks; 0 turns prefetch off",
-        live: Some(|v| Ok(Live::FetchWindow(num(v)?))),
-    },
-    Opt {
-        key: "fetch_inflight",
-        form: Form::Value {
-            set: |c, v| put(&mut c.fetch_inflight, parse_size(v)),
-        },
-        arg: "SIZE",
-        choices: &[],
-        default: "64M",
-        auto_means: "",
-        heading: CACHING,
-        help: "Bytes of chunks queued for or being fetched by the workers",
-        live: Some(|v| Ok(Live::FetchInflight(parse_size(v)?))),
-    },
-    Opt {
-        key: "fetch_fds",
-        form: Form::Value {
-            set: |c, v| put(&mut c.fetch_fds, num(v)),
-        },
-        arg: "N",
-        choices: &[],
-        default: "256",
-        auto_means: "",
-        heading: CACHING,
-        help: "Source files kept open for fetching; above it reads of further partially \
-               cached files go to the source uncached",
-        live: Some(|v| Ok(Live::FetchFds(num(v)?))),
-    },
-    Opt {
-        key: "fetch_dir_prefetch",
-        form: Form::Value {
-            set: |c, v| put(&mut c.fetch_dir_prefetch, num(v)),
-        },
-        arg: "N",
-        choices: &[],
-        default: "16",
-        auto_means: "",
-        heading: CACHING,
-        help: "Files of a directory fetched whole in the background ahead of a reader \
-               opening them in listing order (grep -r, cp -r); 0 turns it off",
-        live: Some(|v| Ok(Live::FetchDirPrefetch(num(v)?))),
-    },
-    Opt {
-        key: "entry_ttl",
-        form: Form::Value {
-            set: |c, v| put(&mut c.entry_ttl, secs_or_auto(v)),
-        },
-        arg: "SECS",
-        choices: &[],
-        default: "auto",
-        auto_means: "60 in watched directories, 1 elsewhere",
-        heading: KERNEL,
-        help: "Seconds the kernel may keep a name lookup",
-        live: Some(|v| Ok(Live::EntryTtl(secs_or_auto(v)?))),
-    },
-    Opt {
-        key: "attr_ttl",
-        form: Form::Value {
-            set: |c, v| put(&mut c.attr_ttl, secs_or_auto(v)),
-        },
-        arg: "SECS",
-        choices: &[],
-        default: "auto",
-        auto_means: "60 where watched, 1 elsewhere",
-        heading: KERNEL,
-        help: "Seconds the kernel may keep attributes",
-        live: Some(|v| Ok(Live::AttrTtl(secs_or_auto(v)?))),
-    },
-    Opt {
-        key: "negative_ttl",
-        form: Form::Value {
-            set: |c, v| put(&mut c.negative_ttl, secs_or_auto(v)),
-        },
-        arg: "SECS",
-        choices: &[],
-        default: "auto",
-        auto_means: "60 where watched, 1 elsewhere",
-        heading: KERNEL,
-        help: "Seconds the kernel may remember that a name does not exist",
-        live: Some(|v| Ok(Live::NegativeTtl(secs_or_auto(v)?))),
-    },
-    Opt {
-        key: "watch",
-        form: Form::Value {
-            set: |c, v| put(&mut c.watch, watch_mode(v)),
-        },
-        arg: "MODE",
-        choices: &["auto", "on", "off"],
-        default: "auto",
-        auto_means: "",
-        heading: KERNEL,
-        help: "Watch the source for changes made behind the mount (inotify) and invalidate \
-               the kernel's and the cache's copies; `auto` watches local file systems only \
-               (live: whether watch events are acted on)",
-        live: Some(|v| {
-            let on = match watch_mode(v) {
-                Ok(m) => m != config::WatchMode::Off,
-                Err(e) => on_off(v).map_err(|_| e)?,
-            };
-            Ok(Live::Watch(on))
-        }),
-    },
-    Opt {
-        key: "source_timeout",
-        form: Form::Value {
-            set: |c, v| put(&mut c.source_timeout, secs_or_auto(v)),
-        },
-        arg: "SECS",
-        choices: &[],
-        default: "auto",
-        auto_means: "10 on network and FUSE sources, none on local ones",
-        heading: CACHING,
-        help: "Longest wait in seconds for one call to the source before the mount goes \
-               offline (0: none)",
-        live: Some(|v| Ok(Live::SourceTimeout(secs_or_auto(v)?))),
-    },
-    Opt {
-        key: "offline",
-        form: Form::Switch {
-            on: "offline",
-            off: None,
-            short: None,
-            set: |c, on| c.start_offline |= on,
-        },
-        arg: "",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: CACHING,
-        help: "Start disconnected: serve only what the cache holds until `hoardfs online`",
-        live: None,
-    },
-    Opt {
-        key: "online",
-        form: Form::LiveOnly,
-        arg: "on|off",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: CACHING,
-        help: "Reconnect to the source (on) or go disconnected (off), as `hoardfs online` \
-               and `hoardfs offline` do",
-        live: Some(|v| Ok(Live::Online(on_off(v)?))),
-    },
-    Opt {
-        key: "offline_writes",
-        form: Form::Value {
-            set: |c, v| put(&mut c.offline_writes, v.parse()),
-        },
-        arg: "MODE",
-        choices: &["refuse", "log"],
-        default: "refuse",
-        auto_means: "",
-        heading: CACHING,
-        help: "Changes while disconnected: `refuse` (EROFS) or `log` (applied to the cache, \
-               logged, replayed to the source on reconnection; conflicts keep both versions)",
-        live: None,
-    },
-    Opt {
-        key: "s3_endpoint",
-        form: Form::Value {
-            set: |c, v| put(&mut c.s3.endpoint, text(v).map(Some)),
-        },
-        arg: "URL",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: OBJECT,
-        help: "An s3:// source's endpoint, http[s]://HOST[:PORT] [default: AWS_ENDPOINT_URL, \
-               the profile's endpoint_url, else AWS]",
-        live: None,
-    },
-    Opt {
-        key: "s3_region",
-        form: Form::Value {
-            set: |c, v| put(&mut c.s3.region, text(v).map(Some)),
-        },
-        arg: "REGION",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: OBJECT,
-        help: "An s3:// source's region [default: AWS_REGION, the profile's, else us-east-1]",
-        live: None,
-    },
-    Opt {
-        key: "s3_virtual_hosted",
-        form: Form::Switch {
-            on: "s3_virtual_hosted",
-            off: None,
-            short: None,
-            set: |c, on| c.s3.virtual_hosted |= on,
-        },
-        arg: "",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: OBJECT,
-        help: "Address the bucket as BUCKET.HOST (virtual-hosted style) instead of HOST/BUCKET",
-        live: None,
-    },
-    Opt {
-        key: "no_passthrough",
-        form: Form::Switch {
-            on: "no_passthrough",
-            off: Some("passthrough"),
-            short: None,
-            set: |c, on| c.passthrough = !on,
-        },
-        arg: "",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: KERNEL,
-        help: "Serve reads of fully cached files through the daemon instead of FUSE passthrough",
-        live: None,
-    },
-    Opt {
-        key: "allow_other",
-        form: Form::Switch {
-            on: "allow_other",
-            off: None,
-            short: None,
-            set: |c, on| c.allow_other |= on,
-        },
-        arg: "",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: KERNEL,
-        help: "Let other users than the mounting one use the mount (access is still checked \
-               against file modes: default_permissions is always on)",
-        live: None,
-    },
-    Opt {
-        key: "read_only",
-        form: Form::Switch {
-            on: "ro",
-            off: Some("rw"),
-            short: Some('r'),
-            set: |c, on| c.read_only = on,
-        },
-        arg: "",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: KERNEL,
-        help: "Mount read-only",
-        live: None,
-    },
-    Opt {
-        key: "nonempty",
-        form: Form::Switch {
-            on: "nonempty",
-            off: None,
-            short: None,
-            set: |c, on| c.nonempty |= on,
-        },
-        arg: "",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: KERNEL,
-        help: "Mount even if MOUNTPOINT is not empty (its files are hidden while mounted)",
-        live: None,
-    },
-    Opt {
-        key: "max_inodes",
-        form: Form::Value {
-            set: |c, v| put(&mut c.max_inodes, max_inodes(v)),
-        },
-        arg: "N",
-        choices: &[],
-        default: "auto",
-        auto_means: "what fits in 2% of RAM, 16Ki..256Ki",
-        heading: KERNEL,
-        help: "Soft maximum of inodes the daemon keeps; above it the kernel is asked to drop \
-               cold entries",
-        live: Some(|v| Ok(Live::MaxInodes(max_inodes(v)?))),
-    },
-    Opt {
-        key: "inode_free_min",
-        form: Form::LiveOnly,
-        arg: "N",
-        choices: &[],
-        default: "auto",
-        auto_means: "max_inodes/16, 1..64Ki",
-        heading: KERNEL,
-        help: "Free inode-table entries kept for reuse regardless of inode_min_age",
-        live: Some(|v| Ok(Live::InodeFreeMin(auto(v, num)?))),
-    },
-    Opt {
-        key: "inode_min_age",
-        form: Form::LiveOnly,
-        arg: "SECS",
-        choices: &[],
-        default: "auto",
-        auto_means: "10",
-        heading: KERNEL,
-        help: "A free inode-table entry younger than this is kept while the table is under \
-               max_inodes",
-        live: Some(|v| Ok(Live::InodeMinAge(secs_or_auto(v)?))),
-    },
-    Opt {
-        key: "inode_max_age",
-        form: Form::LiveOnly,
-        arg: "SECS",
-        choices: &[],
-        default: "auto",
-        auto_means: "30",
-        heading: KERNEL,
-        help: "A free inode-table entry older than this is freed",
-        live: Some(|v| Ok(Live::InodeMaxAge(secs_or_auto(v)?))),
-    },
-    Opt {
-        key: "inode_freeing",
-        form: Form::LiveOnly,
-        arg: "on|off",
-        choices: &[],
-        default: "on",
-        auto_means: "",
-        heading: KERNEL,
-        help: "Free inode-table entries and ask the kernel to drop cold ones (off: the \
-               table only grows)",
-        live: Some(|v| Ok(Live::InodeFreeing(on_off(v)?))),
-    },
-    Opt {
-        key: "threads",
-        form: Form::Value {
-            set: |c, v| put(&mut c.threads, num(v)),
-        },
-        arg: "N",
-        choices: &[],
-        default: "4",
-        auto_means: "",
-        heading: PROCESS,
-        help: "Threads serving FUSE requests",
-        live: None,
-    },
-    Opt {
-        key: "metrics_addr",
-        form: Form::Value {
-            set: |c, v| {
-                c.metrics_addr = Some(
-                    v.parse()
-                        .map_err(|_| format!("invalid address {v:?} (HOST:PORT)"))?,
-                );
-                Ok(())
-            },
-        },
-        arg: "ADDR",
-        choices: &[],
-        default: "",
-        auto_means: "",
-        heading: PROCESS,
-        help: "Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9560) \
-               [default: off]",
-        live: None,
-    },
-    Opt {
-        key: "log",
-        form: Form::LiveOnly,
-        arg: "FILTER",
-        choices: &[],
-        default: "auto",
-        auto_means: "HOARDFS_LOG's at start, else info",
-        heading: PROCESS,
-        help: "The daemon's log filter: error, warn, info, debug, trace, or a HOARDFS_LOG spec",
-        live: Some(|v| Ok(Live::Log(auto(v, text)?))),
-    },
+    Opt::value("cache_dir", "DIR", CACHING, |c, v| {
+        put(&mut c.cache_dir, text(v).map(PathBuf::from))
+    })
+    .help(
+        "Where cached data lives [default: $XDG_CACHE_HOME/hoardfs/<source> or \
+         /var/cache/hoardfs/<source> for root]",
+    ),
+    Opt::value("whole_file_threshold", "SIZE", CACHING, |c, v| {
+        put(&mut c.whole_file_threshold, parse_size(v))
+    })
+    .help("Files up to this size are fetched whole on first open")
+    .default("8M"),
+    Opt::value("chunk_size", "SIZE", CACHING, |c, v| {
+        let d = config::default_chunk_size(&c.source);
+        put(
+            &mut c.chunk_size,
+            auto(v, parse_size).map(|s| s.unwrap_or(d)),
+        )
+    })
+    .help("Chunk size for larger files, a power of two >= 4K")
+    .auto("1M; 8M for s3://"),
+    Opt::value("cache_size", "SIZE", CACHING, |c, v| {
+        put(&mut c.cache_size, size_or_auto(v))
+    })
+    .help("Cache size limit")
+    .auto("--cache-share of the cache's file system")
+    .settable(|v| Ok(Live::CacheSize(size_or_auto(v)?))),
+    Opt::value("cache_share", "PCT", CACHING, |c, v| {
+        put(&mut c.cache_share, pct(v, 1, 100))
+    })
+    .help("Percent of the cache's file system the cache may use when --cache-size is not given")
+    .default("80"),
+    Opt::value("high_watermark", "PCT", CACHING, |c, v| {
+        put(&mut c.high_watermark, pct(v, 1, 100))
+    })
+    .help("The cleaner starts above this percent of the limit")
+    .default("90")
+    .settable(|v| Ok(Live::HighWatermark(pct(v, 1, 100)?))),
+    Opt::value("low_watermark", "PCT", CACHING, |c, v| {
+        put(&mut c.low_watermark, pct(v, 0, 99))
+    })
+    .help("The cleaner cleans down to this percent of the limit")
+    .default("70")
+    .settable(|v| Ok(Live::LowWatermark(pct(v, 0, 99)?))),
+    Opt::value("min_free", "SIZE", CACHING, |c, v| {
+        put(&mut c.min_free, size_or_auto(v))
+    })
+    .help("Free space to leave on the cache's file system")
+    .auto("5% of the cache's file system")
+    .settable(|v| Ok(Live::MinFree(size_or_auto(v)?))),
+    Opt::switch(
+        "no_stale_check",
+        "no_stale_check",
+        Some("stale_check"),
+        CACHING,
+        |c, on| c.stale_check = !on,
+    )
+    .help("Trust the cache: do not compare cached files with the source on open"),
+    Opt::live_only("stale_check", "on|off", CACHING, |v| {
+        Ok(Live::StaleCheck(on_off(v)?))
+    })
+    .help("Compare cached files with the source on open (--no-stale-check turns it off)")
+    .default("on"),
+    Opt::value("fetch_workers", "N", CACHING, |c, v| {
+        put(&mut c.fetch_workers, auto(v, num))
+    })
+    .help("Threads fetching from the source in the background")
+    .auto("one per CPU, 2..8; at least 8 on network and FUSE sources"),
+    Opt::value("fetch_window", "N", CACHING, |c, v| {
+        put(&mut c.fetch_window, num(v))
+    })
+    .help("Largest prefetch window of a sequential reader, in chunks; 0 turns prefetch off")
+    .default("8")
+    .settable(|v| Ok(Live::FetchWindow(num(v)?))),
+    Opt::value("fetch_inflight", "SIZE", CACHING, |c, v| {
+        put(&mut c.fetch_inflight, parse_size(v))
+    })
+    .help("Bytes of chunks queued for or being fetched by the workers")
+    .default("64M")
+    .settable(|v| Ok(Live::FetchInflight(parse_size(v)?))),
+    Opt::value("fetch_fds", "N", CACHING, |c, v| {
+        put(&mut c.fetch_fds, num(v))
+    })
+    .help(
+        "Source files kept open for fetching; above it reads of further partially cached \
+             files go to the source uncached",
+    )
+    .default("256")
+    .settable(|v| Ok(Live::FetchFds(num(v)?))),
+    Opt::value("fetch_dir_prefetch", "N", CACHING, |c, v| {
+        put(&mut c.fetch_dir_prefetch, num(v))
+    })
+    .help(
+        "Files of a directory fetched whole in the background ahead of a reader opening them \
+         in listing order (grep -r, cp -r); 0 turns it off",
+    )
+    .default("16")
+    .settable(|v| Ok(Live::FetchDirPrefetch(num(v)?))),
+    Opt::value("entry_ttl", "SECS", KERNEL, |c, v| {
+        put(&mut c.entry_ttl, secs_or_auto(v))
+    })
+    .help("Seconds the kernel may keep a name lookup")
+    .auto("60 in watched directories, 1 elsewhere")
+    .settable(|v| Ok(Live::EntryTtl(secs_or_auto(v)?))),
+    Opt::value("attr_ttl", "SECS", KERNEL, |c, v| {
+        put(&mut c.attr_ttl, secs_or_auto(v))
+    })
+    .help("Seconds the kernel may keep attributes")
+    .auto("60 where watched, 1 elsewhere")
+    .settable(|v| Ok(Live::AttrTtl(secs_or_auto(v)?))),
+    Opt::value("negative_ttl", "SECS", KERNEL, |c, v| {
+        put(&mut c.negative_ttl, secs_or_auto(v))
+    })
+    .help("Seconds the kernel may remember that a name does not exist")
+    .auto("60 where watched, 1 elsewhere")
+    .settable(|v| Ok(Live::NegativeTtl(secs_or_auto(v)?))),
+    Opt::value("watch", "MODE", KERNEL, |c, v| {
+        put(&mut c.watch, watch_mode(v))
+    })
+    .help(
+        "Watch the source for changes made behind the mount (inotify) and invalidate the \
+             kernel's and the cache's copies; `auto` watches local file systems only (live: \
+             whether watch events are acted on)",
+    )
+    .default("auto")
+    .choices(&["auto", "on", "off"])
+    .settable(|v| {
+        let on = match watch_mode(v) {
+            Ok(m) => m != config::WatchMode::Off,
+            Err(e) => on_off(v).map_err(|_| e)?,
+        };
+        Ok(Live::Watch(on))
+    }),
+    Opt::value("source_timeout", "SECS", CACHING, |c, v| {
+        put(&mut c.source_timeout, secs_or_auto(v))
+    })
+    .help(
+        "Longest wait in seconds for one call to the source before the mount goes offline \
+         (0: none)",
+    )
+    .auto("10 on network and FUSE sources, none on local ones")
+    .settable(|v| Ok(Live::SourceTimeout(secs_or_auto(v)?))),
+    Opt::switch("offline", "offline", None, CACHING, |c, on| {
+        c.start_offline |= on
+    })
+    .help("Start disconnected: serve only what the cache holds until `hoardfs online`"),
+    Opt::live_only("online", "on|off", CACHING, |v| {
+        Ok(Live::Online(on_off(v)?))
+    })
+    .help(
+        "Reconnect to the source (on) or go disconnected (off), as `hoardfs online` and \
+         `hoardfs offline` do",
+    ),
+    Opt::value("offline_writes", "MODE", CACHING, |c, v| {
+        put(&mut c.offline_writes, v.parse())
+    })
+    .help(
+        "Changes while disconnected: `refuse` (EROFS) or `log` (applied to the cache, logged, \
+         replayed to the source on reconnection; conflicts keep both versions)",
+    )
+    .default("refuse")
+    .choices(&["refuse", "log"]),
+    Opt::value("s3_endpoint", "URL", OBJECT, |c, v| {
+        put(&mut c.s3.endpoint, text(v).map(Some))
+    })
+    .help(
+        "An s3:// source's endpoint, http[s]://HOST[:PORT] [default: AWS_ENDPOINT_URL, the \
+         profile's endpoint_url, else AWS]",
+    ),
+    Opt::value("s3_region", "REGION", OBJECT, |c, v| {
+        put(&mut c.s3.region, text(v).map(Some))
+    })
+    .help("An s3:// source's region [default: AWS_REGION, the profile's, else us-east-1]"),
+    Opt::switch(
+        "s3_virtual_hosted",
+        "s3_virtual_hosted",
+        None,
+        OBJECT,
+        |c, on| c.s3.virtual_hosted |= on,
+    )
+    .help("Address the bucket as BUCKET.HOST (virtual-hosted style) instead of HOST/BUCKET"),
+    Opt::switch(
+        "no_passthrough",
+        "no_passthrough",
+        Some("passthrough"),
+        KERNEL,
+        |c, on| c.passthrough = !on,
+    )
+    .help("Serve reads of fully cached files through the daemon instead of FUSE passthrough"),
+    Opt::switch("allow_other", "allow_other", None, KERNEL, |c, on| {
+        c.allow_other |= on
+    })
+    .help(
+        "Let other users than the mounting one use the mount (access is still checked \
+         against file modes: default_permissions is always on)",
+    ),
+    Opt::switch("read_only", "ro", Some("rw"), KERNEL, |c, on| {
+        c.read_only = on
+    })
+    .help("Mount read-only")
+    .short('r'),
+    Opt::switch("nonempty", "nonempty", None, KERNEL, |c, on| {
+        c.nonempty |= on
+    })
+    .help("Mount even if MOUNTPOINT is not empty (its files are hidden while mounted)"),
+    Opt::value("max_inodes", "N", KERNEL, |c, v| {
+        put(&mut c.max_inodes, max_inodes(v))
+    })
+    .help(
+        "Soft maximum of inodes the daemon keeps; above it the kernel is asked to drop \
+             cold entries",
+    )
+    .auto("what fits in 2% of RAM, 16Ki..256Ki")
+    .settable(|v| Ok(Live::MaxInodes(max_inodes(v)?))),
+    Opt::live_only("inode_free_min", "N", KERNEL, |v| {
+        Ok(Live::InodeFreeMin(auto(v, num)?))
+    })
+    .help("Free inode-table entries kept for reuse regardless of inode_min_age")
+    .auto("max_inodes/16, 1..64Ki"),
+    Opt::live_only("inode_min_age", "SECS", KERNEL, |v| {
+        Ok(Live::InodeMinAge(secs_or_auto(v)?))
+    })
+    .help("A free inode-table entry younger than this is kept while the table is under max_inodes")
+    .auto("10"),
+    Opt::live_only("inode_max_age", "SECS", KERNEL, |v| {
+        Ok(Live::InodeMaxAge(secs_or_auto(v)?))
+    })
+    .help("A free inode-table entry older than this is freed")
+    .auto("30"),
+    Opt::live_only("inode_freeing", "on|off", KERNEL, |v| {
+        Ok(Live::InodeFreeing(on_off(v)?))
+    })
+    .help(
+        "Free inode-table entries and ask the kernel to drop cold ones (off: the table only \
+         grows)",
+    )
+    .default("on"),
+    Opt::value("threads", "N", PROCESS, |c, v| put(&mut c.threads, num(v)))
+        .help("Threads serving FUSE requests")
+        .default("4"),
+    Opt::value("metrics_addr", "ADDR", PROCESS, |c, v| {
+        let addr = v
+            .parse()
+            .map_err(|_| format!("invalid address {v:?} (HOST:PORT)"));
+        put(&mut c.metrics_addr, addr.map(Some))
+    })
+    .help("Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9560) [default: off]"),
+    Opt::live_only("log", "FILTER", PROCESS, |v| Ok(Live::Log(auto(v, text)?)))
+        .help("The daemon's log filter: error, warn, info, debug, trace, or a HOARDFS_LOG spec")
+        .auto("HOARDFS_LOG's at start, else info"),
 ];
 
 /// Options of mount(8) and fstab that concern mount(8) itself, not hoardfs.
@@ -721,6 +440,100 @@ const IGNORED_MOUNT_OPTIONS: &[&str] = &[
     "default_permissions",
     "x-systemd.automount",
 ];
+
+/// The table's constructors: an option, then what it has besides its key and form.
+impl Opt {
+    const fn new(key: &'static str, form: Form, arg: &'static str, heading: &'static str) -> Opt {
+        Opt {
+            key,
+            form,
+            arg,
+            choices: &[],
+            default: "",
+            auto_means: "",
+            heading,
+            help: "",
+            live: None,
+        }
+    }
+
+    /// `key=ARG`, put into a `Config` by `set`.
+    const fn value(
+        key: &'static str,
+        arg: &'static str,
+        heading: &'static str,
+        set: fn(&mut Config, &str) -> Result<(), String>,
+    ) -> Opt {
+        Opt::new(key, Form::Value { set }, arg, heading)
+    }
+
+    /// A switch turned on by `-o ON` (and `--key`), off by `-o OFF`.
+    const fn switch(
+        key: &'static str,
+        on: &'static str,
+        off: Option<&'static str>,
+        heading: &'static str,
+        set: fn(&mut Config, bool),
+    ) -> Opt {
+        let short = None;
+        Opt::new(
+            key,
+            Form::Switch {
+                on,
+                off,
+                short,
+                set,
+            },
+            "",
+            heading,
+        )
+    }
+
+    /// A setting of a running mount only.
+    const fn live_only(
+        key: &'static str,
+        arg: &'static str,
+        heading: &'static str,
+        live: ParseLive,
+    ) -> Opt {
+        Opt::new(key, Form::LiveOnly, arg, heading).settable(live)
+    }
+
+    const fn help(mut self, help: &'static str) -> Opt {
+        self.help = help;
+        self
+    }
+
+    const fn default(mut self, default: &'static str) -> Opt {
+        self.default = default;
+        self
+    }
+
+    /// A computed default: `auto`, which means `means`.
+    const fn auto(mut self, means: &'static str) -> Opt {
+        self.default = "auto";
+        self.auto_means = means;
+        self
+    }
+
+    /// Settable on a running mount, with `parse`.
+    const fn settable(mut self, parse: ParseLive) -> Opt {
+        self.live = Some(parse);
+        self
+    }
+
+    const fn choices(mut self, choices: &'static [&'static str]) -> Opt {
+        self.choices = choices;
+        self
+    }
+
+    const fn short(mut self, c: char) -> Opt {
+        if let Form::Switch { ref mut short, .. } = self.form {
+            *short = Some(c);
+        }
+        self
+    }
+}
 
 impl Opt {
     /// The row of `key` (mount options, config keys and live keys alike).
