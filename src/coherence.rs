@@ -143,28 +143,16 @@ impl Tunables {
         Self::pick(&self.negative_ms, watched)
     }
 
-    /// Applies `key=value`; `Ok(false)` if the key is not one of these.
-    pub fn set(&self, key: &str, value: &str) -> Result<bool, String> {
-        let ttl = || -> Result<u64, String> {
-            if value == "auto" {
-                return Ok(AUTO);
-            }
-            crate::config::parse_secs(value).map(|d| ms(Some(d)))
-        };
-        let on = || match value {
-            "on" | "true" | "1" | "yes" => Ok(true),
-            "off" | "false" | "0" | "no" => Ok(false),
-            _ => Err(format!("{key}: on or off, not {value:?}")),
-        };
-        match key {
-            "entry_ttl" => self.entry_ms.store(ttl()?, Relaxed),
-            "attr_ttl" => self.attr_ms.store(ttl()?, Relaxed),
-            "negative_ttl" => self.negative_ms.store(ttl()?, Relaxed),
-            "stale_check" => self.stale_check.store(on()?, Relaxed),
-            "watch" => self.watch.store(on()?, Relaxed),
-            _ => return Ok(false),
-        }
-        Ok(true)
+    /// Kernel TTLs of a live mount (`hoardfs set`); `None`: chosen per directory, by
+    /// whether it is watched.
+    pub fn set_entry(&self, t: Option<Duration>) {
+        self.entry_ms.store(ms(t), Relaxed);
+    }
+    pub fn set_attr(&self, t: Option<Duration>) {
+        self.attr_ms.store(ms(t), Relaxed);
+    }
+    pub fn set_negative(&self, t: Option<Duration>) {
+        self.negative_ms.store(ms(t), Relaxed);
     }
 
     fn fill(&self, s: &mut CoherenceSnapshot) {
@@ -616,15 +604,11 @@ mod tests {
         };
         assert_eq!(t.entry(true), WATCHED_TTL);
         assert_eq!(t.entry(false), UNWATCHED_TTL);
-        assert_eq!(t.set("attr_ttl", "2.5"), Ok(true));
+        t.set_attr(Some(Duration::from_millis(2500)));
         assert_eq!(t.attr(true), Duration::from_millis(2500));
         assert_eq!(t.attr(false), Duration::from_millis(2500));
-        assert_eq!(t.set("attr_ttl", "auto"), Ok(true));
+        t.set_attr(None);
         assert_eq!(t.attr(false), UNWATCHED_TTL);
-        assert_eq!(t.set("stale_check", "off"), Ok(true));
-        assert!(!t.stale_check.load(Relaxed));
-        assert!(t.set("watch", "maybe").is_err());
-        assert_eq!(t.set("cache_size", "1G"), Ok(false));
     }
 
     #[test]

@@ -150,6 +150,48 @@ pub struct S3Settings {
 }
 
 impl Config {
+    /// The configuration of a mount of `source` at `mountpoint` with every option at its
+    /// default (`options::OPTIONS` holds the defaults' text; a unit test there checks that
+    /// each parses to what this says). The cache directory is left empty: chosen once the
+    /// options are known (`options::config`).
+    pub fn new(source: PathBuf, mountpoint: PathBuf) -> Config {
+        Config {
+            cache_dir: PathBuf::new(),
+            chunk_size: default_chunk_size(&source),
+            source,
+            mountpoint,
+            whole_file_threshold: DEFAULT_WHOLE_FILE_THRESHOLD,
+            entry_ttl: None,
+            attr_ttl: None,
+            negative_ttl: None,
+            watch: WatchMode::Auto,
+            source_timeout: None,
+            start_offline: false,
+            offline_writes: OfflineWrites::Refuse,
+            stale_check: true,
+            passthrough: true,
+            allow_other: false,
+            read_only: false,
+            nonempty: false,
+            foreground: false,
+            threads: 4,
+            checkpoint_chunks: DEFAULT_CHECKPOINT_CHUNKS,
+            fetch_workers: None,
+            fetch_window: DEFAULT_FETCH_WINDOW,
+            fetch_inflight: DEFAULT_FETCH_INFLIGHT,
+            fetch_fds: DEFAULT_FETCH_FDS,
+            fetch_dir_prefetch: DEFAULT_FETCH_DIR_PREFETCH,
+            max_inodes: default_max_inodes(),
+            cache_size: None,
+            cache_share: DEFAULT_CACHE_SHARE,
+            high_watermark: DEFAULT_HIGH_WATERMARK,
+            low_watermark: DEFAULT_LOW_WATERMARK,
+            min_free: None,
+            metrics_addr: None,
+            s3: S3Settings::default(),
+        }
+    }
+
     /// The object-store URL when the source is one (`s3://BUCKET[/PREFIX]`).
     pub fn object_url(&self) -> Option<crate::object_source::ObjectUrl> {
         let s = self.source.to_str()?;

@@ -20,104 +20,20 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{ImDocument, Item, TableLike, Value};
 
-use crate::cli::MountArgs;
+use crate::options::{Form, Opt};
 
-/// How a key of the file maps onto the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// `key = value` becomes `-o key=value`.
-    Value,
-    /// A boolean flag: `true` becomes `-o ON`, `false` `-o OFF` (`None`: nothing to undo).
-    Flag {
-        on: &'static str,
-        off: Option<&'static str>,
-    },
-    /// `foreground = true`: the `-f` flag (no `-o` form).
-    Foreground,
-    /// `source`, `mountpoint`: the positional arguments (only in a `[mount.NAME]` section).
-    Path,
+/// The keys of a file that are no mount options: `source` and `mountpoint` (the positional
+/// arguments, only in a `[mount.NAME]` section) and `foreground` (`-f`). Every other key is
+/// a row of `options::OPTIONS`.
+const OWN_KEYS: &[&str] = &["source", "mountpoint", "foreground"];
+
+/// Options checked against each other per mount rather than alone.
+const CHECKED_TOGETHER: &[&str] = &["high_watermark", "low_watermark", "cache_share"];
+
+/// The mount option of `key`, if it is one.
+fn option(key: &str) -> Option<&'static Opt> {
+    Opt::find(key).filter(|o| o.is_mount_option())
 }
-
-/// Every key of the file. The names are the long flags with `_` for `-`; a unit test
-/// checks that this table, the clap definition and docs/CONFIGURATION.md agree.
-pub const KEYS: &[(&str, Kind)] = &[
-    ("source", Kind::Path),
-    ("mountpoint", Kind::Path),
-    ("cache_dir", Kind::Value),
-    ("whole_file_threshold", Kind::Value),
-    ("chunk_size", Kind::Value),
-    ("cache_size", Kind::Value),
-    ("cache_share", Kind::Value),
-    ("high_watermark", Kind::Value),
-    ("low_watermark", Kind::Value),
-    ("min_free", Kind::Value),
-    ("fetch_workers", Kind::Value),
-    ("fetch_window", Kind::Value),
-    ("fetch_inflight", Kind::Value),
-    ("fetch_fds", Kind::Value),
-    ("fetch_dir_prefetch", Kind::Value),
-    ("s3_endpoint", Kind::Value),
-    ("s3_region", Kind::Value),
-    (
-        "s3_virtual_hosted",
-        Kind::Flag {
-            on: "s3_virtual_hosted",
-            off: None,
-        },
-    ),
-    (
-        "no_stale_check",
-        Kind::Flag {
-            on: "no_stale_check",
-            off: Some("stale_check"),
-        },
-    ),
-    ("entry_ttl", Kind::Value),
-    ("attr_ttl", Kind::Value),
-    ("negative_ttl", Kind::Value),
-    ("watch", Kind::Value),
-    ("source_timeout", Kind::Value),
-    ("offline_writes", Kind::Value),
-    (
-        "offline",
-        Kind::Flag {
-            on: "offline",
-            off: None,
-        },
-    ),
-    (
-        "no_passthrough",
-        Kind::Flag {
-            on: "no_passthrough",
-            off: Some("passthrough"),
-        },
-    ),
-    (
-        "allow_other",
-        Kind::Flag {
-            on: "allow_other",
-            off: None,
-        },
-    ),
-    (
-        "read_only",
-        Kind::Flag {
-            on: "ro",
-            off: Some("rw"),
-        },
-    ),
-    (
-        "nonempty",
-        Kind::Flag {
-            on: "nonempty",
-            off: None,
-        },
-    ),
-    ("max_inodes", Kind::Value),
-    ("foreground", Kind::Foreground),
-    ("threads", Kind::Value),
-    ("metrics_addr", Kind::Value),
-];
 
 /// A problem in the file, at a byte range of it.
 #[derive(Debug)]
@@ -126,13 +42,14 @@ pub struct Problem {
     pub message: String,
 }
 
-/// What one table of the file says, already turned into command-line form.
+/// What one table of the file says (or a mount's tables together), in command-line form.
 #[derive(Debug, Default, Clone)]
-struct Settings {
-    options: Vec<String>,
-    foreground: bool,
-    source: Option<PathBuf>,
-    mountpoint: Option<PathBuf>,
+pub struct Settings {
+    /// `-o` options, in order (later ones win).
+    pub options: Vec<String>,
+    pub foreground: bool,
+    pub source: Option<PathBuf>,
+    pub mountpoint: Option<PathBuf>,
 }
 
 /// A parsed and checked file.
@@ -233,8 +150,9 @@ impl ConfigFile {
             .map(|(_, s)| s)
     }
 
-    /// Puts the file's settings under the command line's in `args`.
-    pub fn apply(&self, args: &mut MountArgs, section: Option<&str>) -> Result<(), String> {
+    /// What the file says for a mount: its top level, then the section `section` (by
+    /// name or mount point) if given; the command line goes on top.
+    pub fn select(&self, section: Option<&str>) -> Result<Settings, String> {
         let mut layers = vec![&self.global];
         if let Some(name) = section {
             let names: Vec<&str> = self.mount_names().collect();
@@ -249,20 +167,14 @@ impl ConfigFile {
                 )
             })?);
         }
-        let mut options = Vec::new();
+        let mut out = Settings::default();
         for s in layers {
-            options.extend(s.options.iter().cloned());
-            args.foreground |= s.foreground;
-            if args.source.is_none() {
-                args.source = s.source.clone();
-            }
-            if args.mountpoint.is_none() {
-                args.mountpoint = s.mountpoint.clone();
-            }
+            out.options.extend(s.options.iter().cloned());
+            out.foreground |= s.foreground;
+            out.source = s.source.clone().or(out.source);
+            out.mountpoint = s.mountpoint.clone().or(out.mountpoint);
         }
-        options.append(&mut args.options);
-        args.options = options;
-        Ok(())
+        Ok(out)
     }
 }
 
@@ -297,8 +209,9 @@ fn settings(table: &dyn TableLike, in_section: bool, problems: &mut Vec<Problem>
             continue;
         }
         let key_span = table.get_key_value(key).and_then(|(k, _)| k.span());
-        let Some(kind) = KEYS.iter().find(|(k, _)| *k == key).map(|(_, kind)| *kind) else {
-            let hint = if KEYS.iter().any(|(k, _)| *k == key.replace('-', "_")) {
+        let known = |k: &str| OWN_KEYS.contains(&k) || option(k).is_some();
+        if !known(key) {
+            let hint = if known(&key.replace('-', "_")) {
                 format!(" (did you mean `{}`?)", key.replace('-', "_"))
             } else {
                 String::new()
@@ -323,11 +236,12 @@ fn settings(table: &dyn TableLike, in_section: bool, problems: &mut Vec<Problem>
                 continue;
             }
         };
-        match kind {
-            Kind::Path if !in_section => bad(format!(
+        let form = option(key).map(|o| o.form);
+        match (key, form) {
+            ("source" | "mountpoint", _) if !in_section => bad(format!(
                 "`{key}` belongs in a [mount.NAME] section, not at the top level"
             )),
-            Kind::Path => match value.as_str() {
+            ("source" | "mountpoint", _) => match value.as_str() {
                 Some(p)
                     if Path::new(p).is_absolute()
                         || (key == "source" && p.starts_with("s3://")) =>
@@ -341,16 +255,16 @@ fn settings(table: &dyn TableLike, in_section: bool, problems: &mut Vec<Problem>
                 }
                 _ => bad(format!("`{key}` must be an absolute path in quotes")),
             },
-            Kind::Foreground => match value.as_bool() {
+            ("foreground", _) => match value.as_bool() {
                 Some(b) => s.foreground = b,
                 None => bad(format!("`{key}` must be true or false")),
             },
-            Kind::Flag { on, off } => match value.as_bool() {
+            (_, Some(Form::Switch { on, off, .. })) => match value.as_bool() {
                 Some(true) => s.options.push(on.into()),
                 Some(false) => s.options.extend(off.map(String::from)),
                 None => bad(format!("`{key}` must be true or false")),
             },
-            Kind::Value => {
+            _ => {
                 let text = match value {
                     Value::String(v) => v.value().clone(),
                     Value::Integer(v) => v.value().to_string(),
@@ -367,10 +281,13 @@ fn settings(table: &dyn TableLike, in_section: bool, problems: &mut Vec<Problem>
                 let opt = format!("{key}={text}");
                 // The very parser of `-o`, on this one option (the watermarks are checked
                 // against each other per mount, below).
-                let alone = !["high_watermark", "low_watermark", "cache_share"].contains(&key);
-                match check_option(&opt, alone) {
+                let alone = !CHECKED_TOGETHER.contains(&key);
+                match check_options(std::slice::from_ref(&opt), alone) {
                     Ok(()) => s.options.push(opt),
-                    Err(e) => bad(format!("`{key}`: {e}")),
+                    Err(e) => {
+                        let e = e.strip_prefix(&format!("{key}: ")).unwrap_or(&e);
+                        bad(format!("`{key}`: {e}"))
+                    }
                 }
             }
         }
@@ -378,18 +295,10 @@ fn settings(table: &dyn TableLike, in_section: bool, problems: &mut Vec<Problem>
     s
 }
 
-fn check_option(opt: &str, check_values: bool) -> Result<(), String> {
-    check_options(std::slice::from_ref(&opt.to_string()), check_values)
-}
-
+/// Whether `opts` (`-o` form) make a valid mount, alone (`check_values`: with the checks
+/// of values against each other too).
 fn check_options(opts: &[String], check_values: bool) -> Result<(), String> {
-    use clap::Parser;
-    let mut args = vec!["hoardfs".to_string(), "/".into(), "/".into()];
-    for o in opts {
-        args.extend(["-o".into(), o.clone()]);
-    }
-    let cli = crate::cli::Cli::try_parse_from(args).map_err(|e| e.to_string())?;
-    let c = cli.mount.into_config()?;
+    let c = crate::options::config("/".into(), "/".into(), opts, &[])?;
     if check_values {
         c.check_values().map_err(|e| e.to_string())?;
     }
@@ -399,6 +308,7 @@ fn check_options(opts: &[String], check_values: bool) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::OPTIONS;
     use clap::{CommandFactory, Parser};
 
     fn config_of(args: &[&str]) -> Result<crate::config::Config, String> {
@@ -488,7 +398,7 @@ mod tests {
         ]);
         let mut args = cli.unwrap().mount;
         args.config = None;
-        file.apply(&mut args, Some("media")).unwrap();
+        args.apply_file(&file, Some("media")).unwrap();
         let c = args.into_config().unwrap();
         assert_eq!(c.source, PathBuf::from("/srv/m"));
         assert_eq!(c.mountpoint, PathBuf::from("/mnt/m"));
@@ -504,12 +414,12 @@ mod tests {
         let mut args = crate::cli::Cli::try_parse_from(["hoardfs", "/a", "/b"])
             .unwrap()
             .mount;
-        file.apply(&mut args, Some("/mnt/m")).unwrap();
+        args.apply_file(&file, Some("/mnt/m")).unwrap();
         assert_eq!(args.into_config().unwrap().source, PathBuf::from("/a"));
         let mut args = crate::cli::Cli::try_parse_from(["hoardfs", "/a", "/b"])
             .unwrap()
             .mount;
-        let e = file.apply(&mut args, Some("nope")).unwrap_err();
+        let e = args.apply_file(&file, Some("nope")).unwrap_err();
         assert!(e.contains("media"), "{e}");
     }
 
@@ -545,7 +455,7 @@ mod tests {
                 .unwrap()
                 .mount;
         args.config = None;
-        file.apply(&mut args, Some("x")).unwrap();
+        args.apply_file(&file, Some("x")).unwrap();
         let from_file = args.into_config().unwrap();
         let from_flags = config_of(&[
             "hoardfs",
@@ -588,8 +498,8 @@ mod tests {
             }
             let key = long.replace('-', "_");
             assert!(
-                KEYS.iter().any(|(k, _)| *k == key),
-                "--{long} has no config key `{key}` in config_file::KEYS"
+                known(&key),
+                "--{long} has no config key `{key}` (options::OPTIONS)"
             );
             assert!(
                 (doc.contains(&format!("`--{long}`")) || doc.contains(&format!("`--{long} ")))
@@ -598,9 +508,14 @@ mod tests {
             );
             flags.push(key);
         }
-        for (key, kind) in KEYS {
+        let keys = OPTIONS
+            .iter()
+            .filter(|o| o.is_mount_option())
+            .map(|o| o.key)
+            .chain(OWN_KEYS.iter().copied());
+        for key in keys {
             assert!(
-                *kind == Kind::Path || flags.contains(&key.to_string()),
+                ["source", "mountpoint"].contains(&key) || flags.contains(&key.to_string()),
                 "config key `{key}` has no flag"
             );
             assert!(
@@ -611,6 +526,10 @@ mod tests {
         for long in ["config", "mount"] {
             assert!(doc.contains(&format!("`--{long}")), "--{long} undocumented");
         }
+    }
+
+    fn known(key: &str) -> bool {
+        OWN_KEYS.contains(&key) || option(key).is_some()
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::mounts::HoardfsMount;
+use crate::options::Live;
 use crate::stats::Snapshot;
 
 /// The socket directory of this process's user: root's is shared by root's mounts,
@@ -100,8 +101,9 @@ pub struct Peer {
 /// What the daemon does for control requests.
 pub trait Handler: Send + Sync + 'static {
     fn stats(&self) -> Snapshot;
-    /// `set KEY VALUE`: change a tunable.
-    fn set(&self, key: &str, value: &str) -> Result<(), String>;
+    /// `set KEY VALUE`: change a setting (parsed by the option table; never `Live::Log`,
+    /// which the control socket applies to the process).
+    fn set(&self, setting: Live) -> Result<(), String>;
     /// `clean [BYTES]`: evict now; answers the bytes freed.
     fn clean(&self, to: Option<u64>) -> u64;
     /// `pin REL` / `unpin REL` (REL relative to the mount point, may hold spaces).
@@ -130,9 +132,14 @@ fn answer(handler: &dyn Handler, line: &str, peer: Peer, owner: u32) -> String {
         "set" => {
             let mut words = rest.split_whitespace();
             ok(match (words.next(), words.next(), words.next()) {
-                // The log filter belongs to the process, not to the file system.
-                (Some("log"), Some(v), None) => crate::logging::set_filter(v),
-                (Some(k), Some(v), None) => handler.set(k, v),
+                (Some(k), Some(v), None) => match crate::options::parse_live(k, v) {
+                    // The log filter belongs to the process, not to the file system.
+                    Ok(Live::Log(spec)) => crate::logging::set_filter(
+                        spec.as_deref().unwrap_or(&crate::logging::initial_filter()),
+                    ),
+                    Ok(setting) => handler.set(setting),
+                    Err(e) => Err(e),
+                },
                 _ => Err("usage: set KEY VALUE".into()),
             })
         }
@@ -335,6 +342,8 @@ pub fn request_set(mountpoint: &Path, key: &str, value: &str) -> anyhow::Result<
     if value.contains(char::is_whitespace) {
         bail!("{key}: value {value:?} must not contain spaces");
     }
+    // Checked here too, so that a wrong key or value is told before any connection.
+    crate::options::parse_live(key, value).map_err(anyhow::Error::msg)?;
     let (_, _, line) = request(mountpoint, &format!("set {key} {value}"))?;
     let v: serde_json::Value = serde_json::from_str(&line).context("bad answer from the daemon")?;
     if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
@@ -397,7 +406,7 @@ mod tests {
         fn stats(&self) -> Snapshot {
             Snapshot::default()
         }
-        fn set(&self, _: &str, _: &str) -> Result<(), String> {
+        fn set(&self, _: Live) -> Result<(), String> {
             Ok(())
         }
         fn clean(&self, _: Option<u64>) -> u64 {

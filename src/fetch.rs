@@ -535,27 +535,6 @@ impl Fetcher {
         }
     }
 
-    /// `hoardfs set` of fetch_window, fetch_inflight, fetch_fds, fetch_dir_prefetch;
-    /// `Ok(false)`: not ours.
-    pub fn set(&self, key: &str, value: &str) -> Result<bool, String> {
-        let slot = match key {
-            "fetch_window" => &self.tun.window,
-            "fetch_inflight" => &self.tun.inflight,
-            "fetch_fds" => &self.tun.fds,
-            "fetch_dir_prefetch" => &self.tun.dir_prefetch,
-            _ => return Ok(false),
-        };
-        let v = if key == "fetch_inflight" {
-            crate::config::parse_size(value).map_err(|e| format!("{key}: {e}"))?
-        } else {
-            value
-                .parse()
-                .map_err(|_| format!("{key}: a number, not {value:?}"))?
-        };
-        slot.store(v, Relaxed);
-        Ok(true)
-    }
-
     pub fn fds_open(&self) -> u64 {
         self.fds_open.load(Relaxed)
     }
@@ -1013,14 +992,6 @@ mod tests {
     #[test]
     fn tunables_change_live_and_bound_the_queue() {
         let f = Fetcher::new(8, 1 << 20, 2, 16);
-        assert_eq!(f.set("fetch_window", "3"), Ok(true));
-        assert_eq!(f.tun.window.load(Relaxed), 3);
-        assert_eq!(f.set("fetch_inflight", "2M"), Ok(true));
-        assert_eq!(f.tun.inflight.load(Relaxed), 2 << 20);
-        assert!(f.set("fetch_fds", "many").is_err());
-        assert_eq!(f.set("fetch_dir_prefetch", "0"), Ok(true));
-        assert_eq!(f.tun.dir_prefetch.load(Relaxed), 0);
-        assert_eq!(f.set("max_inodes", "5"), Ok(false));
         // Two descriptors at most.
         let open = || File::open("/dev/null").map(crate::object_tree::SourceReader::File);
         let a = f.open_source(open).unwrap();

@@ -480,51 +480,69 @@ impl CachingFs {
         })
     }
 
-    /// Changes a tunable of the running mount (`hoardfs set`).
-    pub fn set(&self, key: &str, value: &str) -> std::result::Result<(), String> {
-        if self.coherence.tunables.set(key, value)? {
-            return Ok(());
-        }
-        match key {
-            "online" => {
-                match value {
-                    "on" | "true" | "1" | "yes" => return self.reconnect(true),
-                    "off" | "false" | "0" | "no" => {
-                        self.source.health.go_offline("switched off by hand", true)
-                    }
-                    _ => return Err(format!("online: on or off, not {value:?}")),
+    /// Changes a setting of the running mount (`hoardfs set`, parsed by the option table).
+    /// `None` (`auto`) restores the default as the mount computes it at start.
+    pub fn set(&self, setting: crate::options::Live) -> std::result::Result<(), String> {
+        use crate::options::Live;
+        use std::sync::atomic::Ordering::Relaxed;
+        let (ttls, tun) = (&self.coherence.tunables, &self.fetcher.tun);
+        // The cache's limits as the mount computes them without `--cache-size` and
+        // `--min-free` (their `auto`).
+        let computed = || {
+            let mut cfg = self.cfg.clone();
+            (cfg.cache_size, cfg.min_free) = (None, None);
+            Self::initial_limits(&cfg).map_err(|e| format!("cannot compute the default: {e}"))
+        };
+        let cache_limits = |change: &dyn Fn(&mut Limits)| {
+            let mut l = self.usage.limits().ok_or("the cache has no limits yet")?;
+            change(&mut l);
+            if l.low_pct >= l.high_pct {
+                return Err("low_watermark must be below high_watermark".to_string());
+            }
+            self.usage.set_limits(Some(l));
+            Ok(())
+        };
+        let mut inodes = self.inodes.limits();
+        let inode_defaults = InodeLimits::new(inodes.max_inodes);
+        match setting {
+            Live::EntryTtl(t) => ttls.set_entry(t),
+            Live::AttrTtl(t) => ttls.set_attr(t),
+            Live::NegativeTtl(t) => ttls.set_negative(t),
+            Live::StaleCheck(on) => ttls.stale_check.store(on, Relaxed),
+            Live::Watch(on) => ttls.watch.store(on, Relaxed),
+            Live::SourceTimeout(t) => self.source.health.set_timeout(match t {
+                // As `new` chooses it: object stores time their own calls.
+                None if self.cfg.object_url().is_none() && self.source.is_remote() => {
+                    Some(DEFAULT_REMOTE_TIMEOUT)
                 }
-                return Ok(());
+                t => t.filter(|t| !t.is_zero()),
+            }),
+            Live::Online(true) => return self.reconnect(true),
+            Live::Online(false) => self.source.health.go_offline("switched off by hand", true),
+            Live::FetchWindow(v) => tun.window.store(v, Relaxed),
+            Live::FetchInflight(v) => tun.inflight.store(v, Relaxed),
+            Live::FetchFds(v) => tun.fds.store(v, Relaxed),
+            Live::FetchDirPrefetch(v) => tun.dir_prefetch.store(v, Relaxed),
+            Live::CacheSize(v) => {
+                let v = v.map_or_else(|| computed().map(|d| d.max_bytes), Ok)?;
+                cache_limits(&|l| l.max_bytes = v)?
             }
-            "source_timeout" => {
-                let t = crate::config::parse_secs(value)?;
-                self.source.health.set_timeout((!t.is_zero()).then_some(t));
-                return Ok(());
+            Live::MinFree(v) => {
+                let v = v.map_or_else(|| computed().map(|d| d.min_free_bytes), Ok)?;
+                cache_limits(&|l| l.min_free_bytes = v)?
             }
-            _ => {}
+            Live::HighWatermark(p) => cache_limits(&|l| l.high_pct = p)?,
+            Live::LowWatermark(p) => cache_limits(&|l| l.low_pct = p)?,
+            Live::MaxInodes(n) => inodes.max_inodes = n.max(1),
+            Live::InodeFreeMin(n) => inodes.free_min = n.unwrap_or(inode_defaults.free_min),
+            Live::InodeMinAge(t) => inodes.min_age = t.unwrap_or(inode_defaults.min_age),
+            Live::InodeMaxAge(t) => inodes.max_age = t.unwrap_or(inode_defaults.max_age),
+            Live::InodeFreeing(on) => inodes.freeing = on,
+            Live::Log(_) => return Err("log: the control socket sets the log filter".into()),
         }
-        if self.fetcher.set(key, value)? {
-            return Ok(());
+        if inodes != self.inodes.limits() {
+            self.inodes.set_limits(inodes);
         }
-        let Some(mut l) = self.usage.limits() else {
-            return self.inodes.set(key, value);
-        };
-        let size = || crate::config::parse_size(value).map_err(|e| format!("{key}: {e}"));
-        let pct = || match value.trim_end_matches('%').parse::<u8>() {
-            Ok(p) if (1..=100).contains(&p) => Ok(p),
-            _ => Err(format!("{key}: a percentage from 1 to 100, not {value:?}")),
-        };
-        match key {
-            "cache_size" => l.max_bytes = size()?,
-            "min_free" => l.min_free_bytes = size()?,
-            "high_watermark" => l.high_pct = pct()?,
-            "low_watermark" => l.low_pct = pct()?,
-            _ => return self.inodes.set(key, value),
-        }
-        if l.low_pct >= l.high_pct {
-            return Err("low_watermark must be below high_watermark".into());
-        }
-        self.usage.set_limits(Some(l));
         Ok(())
     }
 
@@ -2688,8 +2706,8 @@ impl crate::control::Handler for CachingFs {
         self.snapshot()
     }
 
-    fn set(&self, key: &str, value: &str) -> std::result::Result<(), String> {
-        CachingFs::set(self, key, value)
+    fn set(&self, setting: crate::options::Live) -> std::result::Result<(), String> {
+        CachingFs::set(self, setting)
     }
 
     fn clean(&self, to: Option<u64>) -> u64 {

@@ -458,38 +458,6 @@ impl InodeTable {
         self.inner.lock().unwrap().limits = limits;
     }
 
-    /// Changes one tunable by name (`hoardfs set`, the control socket).
-    pub fn set(&self, key: &str, value: &str) -> Result<(), String> {
-        let mut l = self.limits();
-        let num = || -> Result<usize, String> {
-            value
-                .parse::<usize>()
-                .map_err(|_| format!("{key}: invalid number {value:?}"))
-        };
-        let secs = || crate::config::parse_secs(value).map_err(|e| format!("{key}: {e}"));
-        match key {
-            "max_inodes" => l.max_inodes = num()?.max(1),
-            "inode_free_min" => l.free_min = num()?,
-            "inode_min_age" => l.min_age = secs()?,
-            "inode_max_age" => l.max_age = secs()?,
-            "inode_freeing" => {
-                l.freeing = match value {
-                    "on" | "1" | "true" => true,
-                    "off" | "0" | "false" => false,
-                    _ => return Err(format!("{key}: say on or off, not {value:?}")),
-                }
-            }
-            _ => {
-                return Err(format!(
-                    "unknown setting {key:?} (max_inodes, inode_free_min, inode_min_age, \
-                     inode_max_age, inode_freeing)"
-                ));
-            }
-        }
-        self.set_limits(l);
-        Ok(())
-    }
-
     /// Records one kernel reference to the object `st` reached at `path` in directory
     /// `parent`, returning its entry: the existing one for a known `(dev, ino)` of the same
     /// type (revived from the free list if the kernel had forgotten it), else a new one.
@@ -998,7 +966,10 @@ mod tests {
         let again = t.maintain();
         assert_eq!(again[0], (dir.id, OsString::from("f108")));
         // Freeing off: an allocate-only table, nothing is asked.
-        t.set("inode_freeing", "off").unwrap();
+        t.set_limits(InodeLimits {
+            freeing: false,
+            ..t.limits()
+        });
         assert!(t.maintain().is_empty());
     }
 

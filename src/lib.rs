@@ -19,6 +19,7 @@ pub mod mounts;
 pub mod object_source;
 pub mod object_tree;
 pub mod oplog;
+pub mod options;
 pub mod run;
 pub mod sd_notify;
 pub mod source;

@@ -31,6 +31,15 @@ pub fn parse_filter(spec: &str) -> Result<EnvFilter, String> {
     EnvFilter::try_new(spec).map_err(|e| format!("{spec:?} is not a level nor a filter: {e}"))
 }
 
+/// The filter the process started with: `HOARDFS_LOG`'s if it is one, else the default
+/// (`hoardfs set MNT log=auto` returns to it).
+pub fn initial_filter() -> String {
+    match std::env::var("HOARDFS_LOG") {
+        Ok(spec) if parse_filter(&spec).is_ok() => spec,
+        _ => DEFAULT_FILTER.to_string(),
+    }
+}
+
 /// Installs the subscriber and the panic hook. Call once, first thing in `main`.
 pub fn init() {
     let filter = match std::env::var("HOARDFS_LOG") {

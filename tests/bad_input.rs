@@ -431,6 +431,132 @@ fn set_log_rejects_what_is_not_a_level_or_filter() {
     }
 }
 
+/// Every key `hoardfs set` takes (docs/CONFIGURATION.md, "Settings of a running mount").
+const LIVE_KEYS: &[&str] = &[
+    "cache_size",
+    "high_watermark",
+    "low_watermark",
+    "min_free",
+    "stale_check",
+    "fetch_window",
+    "fetch_inflight",
+    "fetch_fds",
+    "fetch_dir_prefetch",
+    "entry_ttl",
+    "attr_ttl",
+    "negative_ttl",
+    "watch",
+    "source_timeout",
+    "online",
+    "max_inodes",
+    "inode_free_min",
+    "inode_min_age",
+    "inode_max_age",
+    "inode_freeing",
+    "log",
+];
+
+/// `hoardfs set MNT foo=1` is refused, and its message names every key there is.
+#[test]
+fn set_unknown_key_error_names_every_live_key() {
+    let t = TestMount::new(&[]);
+    let out = Command::new(BIN)
+        .args(["set", t.mnt.to_str().unwrap(), "foo=1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "foo=1 accepted");
+    assert!(err.contains("unknown setting \"foo\""), "{err}");
+    for k in LIVE_KEYS {
+        assert!(err.contains(k), "{k} missing from {err}");
+    }
+}
+
+/// `hoardfs set --help` (and `-h`) names every key `set` takes.
+#[test]
+fn set_help_names_every_live_key() {
+    for flag in ["--help", "-h"] {
+        let help = Command::new(BIN).args(["set", flag]).output().unwrap();
+        assert!(help.status.success());
+        let help = String::from_utf8_lossy(&help.stdout);
+        for k in LIVE_KEYS {
+            assert!(
+                help.contains(&format!("{k}=")),
+                "set {flag} omits {k}: {help}"
+            );
+        }
+    }
+}
+
+/// `auto` restores a default on a live mount as at mount time: `cache_size=auto` is
+/// `--cache-share` (80 %) of the cache's file system, `min_free=auto` 5 % of it.
+#[test]
+fn set_cache_size_auto_restores_the_default_limit() {
+    let t = TestMount::new(&["--cache-size", "4M", "--min-free", "1M"]);
+    let st = rustix::fs::statvfs(&t.cache).unwrap();
+    let fs_bytes = st.f_blocks * st.f_frsize;
+    let cleaner = || {
+        let out = Command::new(BIN)
+            .args(["stats", t.mnt.to_str().unwrap(), "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let c = &v["cleaner"];
+        (
+            c["limit_bytes"].as_u64().unwrap(),
+            c["min_free_bytes"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(cleaner(), (4 << 20, 1 << 20));
+    let out = Command::new(BIN)
+        .args([
+            "set",
+            t.mnt.to_str().unwrap(),
+            "cache_size=auto",
+            "min_free=auto",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(cleaner(), (fs_bytes / 100 * 80, fs_bytes / 20));
+    // A fixed default too, and a TTL.
+    let out = Command::new(BIN)
+        .args([
+            "set",
+            t.mnt.to_str().unwrap(),
+            "high_watermark=95",
+            "attr_ttl=3",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = Command::new(BIN)
+        .args([
+            "set",
+            t.mnt.to_str().unwrap(),
+            "high_watermark=auto",
+            "attr_ttl=auto",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = t.stats();
+    assert_eq!(
+        s.cleaner.high_watermark_bytes,
+        fs_bytes / 100 * 80 / 100 * 90
+    );
+    assert_eq!(s.coherence.attr_ttl_ms, None);
+}
+
 #[test]
 fn generate_is_listed_and_writes_man_pages_with_option_values() {
     let help = Command::new(BIN).arg("--help").output().unwrap();
