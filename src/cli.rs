@@ -488,7 +488,7 @@ impl MountArgs {
         c.foreground = self.foreground;
         c.cache_dir = match cache_dir {
             Some(d) => d,
-            None if c.object_url().is_some() => config::default_cache_dir(&c.source),
+            None if c.is_object_source() => config::default_cache_dir(&c.source),
             None => {
                 let abs = std::fs::canonicalize(&c.source).unwrap_or_else(|_| c.source.clone());
                 config::default_cache_dir(&abs)
