@@ -637,6 +637,17 @@ pub fn resolve_config(
     })
 }
 
+/// Installs ring as the process's rustls crypto provider, once; a provider installed
+/// earlier (by another library in the process) stays. reqwest is built without a provider
+/// of its own (`rustls-no-provider`, so that aws-lc is not compiled in) and panics when it
+/// builds a client with none installed, for `http://` endpoints too.
+pub fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 // ---- the source ----------------------------------------------------------------------
 
 /// Everything but unreserved characters and `/`, as `object_store` encodes paths (the
@@ -681,6 +692,7 @@ impl ObjectSource {
         env: &dyn Fn(&str) -> Option<String>,
         process_env: bool,
     ) -> io::Result<ObjectSource> {
+        install_tls_provider();
         let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
         let resolved = resolve_config(opts.profile.as_deref(), env).map_err(invalid)?;
         let region = opts
@@ -1956,5 +1968,38 @@ key without section = 1
             resolve_config(None, &env).unwrap(),
             ResolvedConfig::default()
         );
+    }
+
+    /// The client for an `https://` endpoint builds (reqwest has no TLS provider of its
+    /// own in this build: `install_tls_provider`) and opens connections with a TLS
+    /// handshake: a listener on loopback sees a TLS ClientHello.
+    #[test]
+    fn https_endpoints_get_a_tls_client() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            use std::io::Read;
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut head = [0u8; 6];
+            conn.read_exact(&mut head).unwrap();
+            head
+        });
+        let url = ObjectUrl::parse("s3://bucket").unwrap();
+        let opts = S3Options {
+            endpoint: Some(format!("https://127.0.0.1:{port}")),
+            credentials: Some(Credentials {
+                access_key_id: "AKID".into(),
+                secret_access_key: "secret".into(),
+                session_token: None,
+            }),
+            max_retries: 0,
+            call_timeout: Duration::from_secs(10),
+            ..S3Options::default()
+        };
+        let src = ObjectSource::open_with_env(&url, opts, &|_| None, false).unwrap();
+        assert!(src.probe().is_err(), "the listener answers no TLS");
+        let head = server.join().unwrap();
+        // A TLS record (22: handshake) of version 3.x whose message is a ClientHello (1).
+        assert_eq!((head[0], head[1], head[5]), (22, 3, 1), "{head:?}");
     }
 }
