@@ -149,6 +149,9 @@ pub struct S3Settings {
     pub virtual_hosted: bool,
 }
 
+/// Why a build without the `s3` feature refuses an `s3://` source.
+pub const NO_S3: &str = "this hoardfs was built without the s3 feature; rebuild with --features s3";
+
 impl Config {
     /// The configuration of a mount of `source` at `mountpoint` with every option at its
     /// default (`options::OPTIONS` holds the defaults' text; a unit test there checks that
@@ -193,11 +196,18 @@ impl Config {
     }
 
     /// The object-store URL when the source is one (`s3://BUCKET[/PREFIX]`).
+    #[cfg(feature = "s3")]
     pub fn object_url(&self) -> Option<crate::object_source::ObjectUrl> {
         let s = self.source.to_str()?;
         s.starts_with("s3://")
             .then(|| crate::object_source::ObjectUrl::parse(s).ok())
             .flatten()
+    }
+
+    /// Whether the source names an object store (`s3://`), whether or not this build can
+    /// reach one.
+    pub fn is_object_source(&self) -> bool {
+        self.source.to_str().is_some_and(|s| s.starts_with("s3://"))
     }
 }
 
@@ -278,8 +288,13 @@ fn canonical_source(p: &Path) -> Result<PathBuf, ConfigError> {
                     .into(),
             ));
         }
-        crate::object_source::ObjectUrl::parse(s).map_err(err)?;
-        return Ok(p.to_path_buf());
+        #[cfg(not(feature = "s3"))]
+        return Err(err(NO_S3.into()));
+        #[cfg(feature = "s3")]
+        {
+            crate::object_source::ObjectUrl::parse(s).map_err(err)?;
+            return Ok(p.to_path_buf());
+        }
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let q = p.to_path_buf();
@@ -439,7 +454,7 @@ impl Config {
         rustix::fs::access(&self.cache_dir, Access::WRITE_OK | Access::EXEC_OK).map_err(|e| {
             ConfigError::CacheDir(self.cache_dir.clone(), std::io::Error::from(e).to_string())
         })?;
-        if self.object_url().is_some() {
+        if self.is_object_source() {
             let (m, c) = (&self.mountpoint, &self.cache_dir);
             if c.starts_with(m) || m.starts_with(c) {
                 return Err(ConfigError::CacheDir(
@@ -491,7 +506,10 @@ impl Config {
     /// The checks of `validate` that do not look at the file system (`hoardfs config
     /// check` runs them on a file meant for another machine).
     pub fn check_values(&self) -> Result<(), ConfigError> {
-        if self.object_url().is_some() && self.offline_writes == OfflineWrites::Log {
+        if self.is_object_source() && !cfg!(feature = "s3") {
+            return Err(ConfigError::Source(self.source.clone(), NO_S3.into()));
+        }
+        if self.is_object_source() && self.offline_writes == OfflineWrites::Log {
             return Err(ConfigError::Invalid(
                 "offline_writes=log is not available for object-store sources yet".into(),
             ));

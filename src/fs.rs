@@ -35,7 +35,6 @@ pub use fetch::spawn_fetch_workers;
 
 use crate::cache::record::DataIdentity;
 use crate::cache::record::chunk_count;
-use crate::cache::source_info::OBJECT_STORE_TYPE;
 use crate::cache::source_info::SourceInfo;
 use crate::cache::store::{CacheFiles, read_record, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
@@ -45,8 +44,7 @@ use crate::config::Config;
 use crate::fetch::{Fetcher, FileFetch, HandleFetch, SourceFd};
 use crate::health::{GuardedSource, Health};
 use crate::inode::{Inode, InodeLimits, InodeTable};
-use crate::object_source::ObjectSource;
-use crate::object_tree::{ObjectTree, SourceReader};
+use crate::object_tree::SourceReader;
 use crate::oplog::OpLog;
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
 use crate::stats::{Snapshot, Stats};
@@ -240,12 +238,13 @@ fn open_source(
 
 /// Opens an object-store source and checks that it answers (a stat of its root); one that
 /// does not is used offline when the cache holds an earlier mount of it.
+#[cfg(feature = "s3")]
 fn open_object_source(
     cfg: &Config,
     url: &crate::object_source::ObjectUrl,
     cache: &CacheStore,
     recorded: Option<&SourceInfo>,
-) -> anyhow::Result<(ObjectTree, SourceInfo, Option<String>)> {
+) -> anyhow::Result<(crate::object_tree::ObjectTree, SourceInfo, Option<String>)> {
     let name = cfg.source.display();
     let opts = crate::object_source::S3Options {
         endpoint: cfg.s3.endpoint.clone(),
@@ -258,10 +257,11 @@ fn open_object_source(
             .is_some_and(|e| e.starts_with("http://")),
         ..Default::default()
     };
-    let store = ObjectSource::open(url, opts)
+    let store = crate::object_source::ObjectSource::open(url, opts)
         .map_err(|e| anyhow::anyhow!("cannot use the source {name}: {e}"))?;
-    let tree = ObjectTree::new(store);
-    let object_recorded = recorded.filter(|r| r.fs_type == OBJECT_STORE_TYPE);
+    let tree = crate::object_tree::ObjectTree::new(store);
+    let object_recorded =
+        recorded.filter(|r| r.fs_type == crate::cache::source_info::OBJECT_STORE_TYPE);
     if recorded.is_some() && object_recorded.is_none() {
         anyhow::bail!(
             "the cache directory {} was filled from a directory source, not {name}",
@@ -358,6 +358,8 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 impl CachingFs {
     pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
         let recorded = SourceInfo::load(cache.top());
+        // Without the `s3` feature, `Config::check_values` refused an object-store source.
+        #[cfg(feature = "s3")]
         if let Some(url) = cfg.object_url() {
             let (tree, info, unreachable) =
                 open_object_source(&cfg, &url, &cache, recorded.as_ref())?;
@@ -512,7 +514,7 @@ impl CachingFs {
             Live::Watch(on) => ttls.watch.store(on, Relaxed),
             Live::SourceTimeout(t) => self.source.health.set_timeout(match t {
                 // As `new` chooses it: object stores time their own calls.
-                None if self.cfg.object_url().is_none() && self.source.is_remote() => {
+                None if !self.cfg.is_object_source() && self.source.is_remote() => {
                     Some(DEFAULT_REMOTE_TIMEOUT)
                 }
                 t => t.filter(|t| !t.is_zero()),

@@ -557,7 +557,8 @@ pub struct ResolvedConfig {
 /// `AWS_PROFILE`, else `default`) from `AWS_SHARED_CREDENTIALS_FILE` (~/.aws/credentials,
 /// `[NAME]`) then `AWS_CONFIG_FILE` (~/.aws/config, `[profile NAME]`, `[default]`). A profile
 /// named explicitly that neither file has is an error; no `default` means None (object_store's
-/// chain then tries web identity, ECS and instance metadata).
+/// chain then tries web identity, ECS and instance metadata). Without keys in the environment,
+/// a profile that gets its credentials another way (`UNSUPPORTED_PROFILE_KEYS`) is an error.
 pub fn resolve_config(
     profile: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
@@ -614,6 +615,9 @@ pub fn resolve_config(
             secret_access_key: secret,
             session_token: nonempty("AWS_SESSION_TOKEN"),
         }),
+        _ if let Some(why) = unusable_profile(&name, from_creds, from_config) => {
+            return Err(why);
+        }
         _ => match (get("aws_access_key_id"), get("aws_secret_access_key")) {
             (Some(id), Some(secret)) => Some(Credentials {
                 access_key_id: id,
@@ -635,6 +639,71 @@ pub fn resolve_config(
             .or_else(|| get("s3.endpoint_url"))
             .or_else(|| get("endpoint_url")),
     })
+}
+
+/// Profile keys that name a credential source hoardfs does not implement: it reads only
+/// static keys from the profile files. The AWS CLI prefers each of these to the profile's
+/// static keys, except `credential_process`, which comes after the keys of the credentials
+/// file (botocore's chain: environment, assume role, web identity, SSO, credentials file,
+/// process, config file).
+const UNSUPPORTED_PROFILE_KEYS: [(&str, &str); 9] = [
+    // First: its profile names a `role_arn` too.
+    ("web_identity_token_file", "web identity"),
+    ("role_arn", "an assumed role"),
+    ("source_profile", "an assumed role"),
+    ("credential_source", "an assumed role"),
+    ("sso_session", "IAM Identity Center (SSO)"),
+    ("sso_start_url", "IAM Identity Center (SSO)"),
+    ("sso_account_id", "IAM Identity Center (SSO)"),
+    ("sso_role_name", "IAM Identity Center (SSO)"),
+    ("credential_process", "an external process"),
+];
+
+/// Why the profile `name` cannot give hoardfs its credentials, when the AWS CLI would take
+/// them from a source hoardfs does not implement (`UNSUPPORTED_PROFILE_KEYS`): a mount
+/// that silently used other keys, or none, would fail later and obscurely.
+fn unusable_profile(
+    name: &str,
+    from_creds: Option<&HashMap<String, String>>,
+    from_config: Option<&HashMap<String, String>>,
+) -> Option<String> {
+    let has = |m: Option<&HashMap<String, String>>, k: &str| {
+        m.and_then(|m| m.get(k)).is_some_and(|v| !v.is_empty())
+    };
+    let static_in_creds =
+        has(from_creds, "aws_access_key_id") && has(from_creds, "aws_secret_access_key");
+    let (key, what) = UNSUPPORTED_PROFILE_KEYS.into_iter().find(|(k, _)| {
+        (has(from_creds, k) || has(from_config, k))
+            && !(*k == "credential_process" && static_in_creds)
+    })?;
+    let instead = if key == "web_identity_token_file" {
+        "set AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN in hoardfs's environment instead \
+         (read and refreshed by the S3 client)"
+            .to_string()
+    } else {
+        format!(
+            "give hoardfs static keys instead: a profile with aws_access_key_id and \
+             aws_secret_access_key (chosen with AWS_PROFILE), or AWS_ACCESS_KEY_ID, \
+             AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN in its environment, e.g. from \
+             `aws configure export-credentials --profile {name} --format env` (temporary \
+             keys expire, and the mount's requests fail then)"
+        )
+    };
+    Some(format!(
+        "AWS profile {name:?} gets its credentials from {what} ({key}), which hoardfs \
+         cannot use; {instead}"
+    ))
+}
+
+/// Installs ring as the process's rustls crypto provider, once; a provider installed
+/// earlier (by another library in the process) stays. reqwest is built without a provider
+/// of its own (`rustls-no-provider`, so that aws-lc is not compiled in) and panics when it
+/// builds a client with none installed, for `http://` endpoints too.
+pub fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 // ---- the source ----------------------------------------------------------------------
@@ -681,6 +750,7 @@ impl ObjectSource {
         env: &dyn Fn(&str) -> Option<String>,
         process_env: bool,
     ) -> io::Result<ObjectSource> {
+        install_tls_provider();
         let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
         let resolved = resolve_config(opts.profile.as_deref(), env).map_err(invalid)?;
         let region = opts
@@ -1956,5 +2026,118 @@ key without section = 1
             resolve_config(None, &env).unwrap(),
             ResolvedConfig::default()
         );
+    }
+
+    /// Profiles whose credentials come from a source hoardfs does not implement are
+    /// refused, naming the key, instead of being skipped for other keys or none.
+    #[test]
+    fn profiles_hoardfs_cannot_use_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, creds) = (dir.path().join("config"), dir.path().join("credentials"));
+        std::fs::write(
+            &config,
+            "[default]\nregion = eu-north-1\n\
+             [profile sso]\nsso_session = corp\nsso_account_id = 1\nsso_role_name = R\n\
+             [sso-session corp]\nsso_start_url = https://corp.awsapps.com/start\n\
+             [profile role]\nrole_arn = arn:aws:iam::1:role/R\nsource_profile = default\n\
+             [profile rolekeys]\nrole_arn = arn:aws:iam::1:role/R\n\
+             aws_access_key_id = RK\naws_secret_access_key = RKS\n\
+             [profile proc]\ncredential_process = /usr/bin/get-creds\n\
+             aws_access_key_id = PC\naws_secret_access_key = PCS\n\
+             [profile prockeys]\ncredential_process = /usr/bin/get-creds\n\
+             [profile web]\nweb_identity_token_file = /var/run/token\n\
+             role_arn = arn:aws:iam::1:role/W\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &creds,
+            "[default]\naws_access_key_id = D\naws_secret_access_key = DS\n\
+             [prockeys]\naws_access_key_id = K\naws_secret_access_key = KS\n",
+        )
+        .unwrap();
+        let files = [
+            ("AWS_CONFIG_FILE", config.to_str().unwrap().to_string()),
+            (
+                "AWS_SHARED_CREDENTIALS_FILE",
+                creds.to_str().unwrap().to_string(),
+            ),
+        ];
+        let env_of = |extra: Vec<(&'static str, &str)>| {
+            let mut map: HashMap<&str, String> = files.iter().cloned().collect();
+            map.extend(extra.into_iter().map(|(k, v)| (k, v.to_string())));
+            move |k: &str| map.get(k).cloned()
+        };
+        let refused = |profile: &str, key: &str| {
+            let why = resolve_config(Some(profile), &env_of(vec![])).unwrap_err();
+            assert!(
+                why.contains(&format!("{profile:?}")) && why.contains(&format!("({key})")),
+                "{profile}: {why}"
+            );
+            why
+        };
+        assert!(refused("sso", "sso_session").contains("export-credentials --profile sso"));
+        refused("role", "role_arn");
+        // The AWS CLI would assume the role, not use the profile's own keys.
+        refused("rolekeys", "role_arn");
+        // credential_process comes before the config file's keys...
+        refused("proc", "credential_process");
+        // ...and after the credentials file's.
+        let r = resolve_config(Some("prockeys"), &env_of(vec![])).unwrap();
+        assert_eq!(r.credentials.unwrap().access_key_id, "K");
+        assert!(
+            refused("web", "web_identity_token_file")
+                .contains("AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN")
+        );
+        // The same through AWS_PROFILE, and at mount time (`ObjectSource::open`).
+        let env = env_of(vec![("AWS_PROFILE", "sso")]);
+        let url = ObjectUrl::parse("s3://bucket").unwrap();
+        let e = ObjectSource::open_with_env(&url, S3Options::default(), &env, false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("(sso_session)"), "{e}");
+        // Keys in the environment come first, as for the AWS CLI.
+        let env = env_of(vec![
+            ("AWS_PROFILE", "role"),
+            ("AWS_ACCESS_KEY_ID", "E"),
+            ("AWS_SECRET_ACCESS_KEY", "ES"),
+        ]);
+        let r = resolve_config(None, &env).unwrap();
+        assert_eq!(r.credentials.unwrap().access_key_id, "E");
+        // A plain profile beside them still works.
+        let r = resolve_config(None, &env_of(vec![])).unwrap();
+        assert_eq!(r.credentials.unwrap().access_key_id, "D");
+        assert_eq!(r.region.as_deref(), Some("eu-north-1"));
+    }
+
+    /// The client for an `https://` endpoint builds (reqwest has no TLS provider of its
+    /// own in this build: `install_tls_provider`) and opens connections with a TLS
+    /// handshake: a listener on loopback sees a TLS ClientHello.
+    #[test]
+    fn https_endpoints_get_a_tls_client() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            use std::io::Read;
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut head = [0u8; 6];
+            conn.read_exact(&mut head).unwrap();
+            head
+        });
+        let url = ObjectUrl::parse("s3://bucket").unwrap();
+        let opts = S3Options {
+            endpoint: Some(format!("https://127.0.0.1:{port}")),
+            credentials: Some(Credentials {
+                access_key_id: "AKID".into(),
+                secret_access_key: "secret".into(),
+                session_token: None,
+            }),
+            max_retries: 0,
+            call_timeout: Duration::from_secs(10),
+            ..S3Options::default()
+        };
+        let src = ObjectSource::open_with_env(&url, opts, &|_| None, false).unwrap();
+        assert!(src.probe().is_err(), "the listener answers no TLS");
+        let head = server.join().unwrap();
+        // A TLS record (22: handshake) of version 3.x whose message is a ClientHello (1).
+        assert_eq!((head[0], head[1], head[5]), (22, 3, 1), "{head:?}");
     }
 }

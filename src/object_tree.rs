@@ -27,16 +27,7 @@ fn errno(n: i32) -> io::Error {
     io::Error::from_raw_os_error(n)
 }
 
-/// A reader of one source file, kept while the file is not wholly cached.
-#[derive(Debug)]
-pub enum SourceReader {
-    File(std::fs::File),
-    /// The object at `rel`, as of `etag`: reads of any other version fail with `ESTALE`.
-    Object {
-        rel: PathBuf,
-        etag: Option<String>,
-    },
-}
+pub use crate::source::SourceReader;
 
 pub struct ObjectTree {
     pub store: ObjectSource,

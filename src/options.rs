@@ -722,7 +722,7 @@ pub fn config(
         apply(&mut c, f)?;
     }
     if c.cache_dir.as_os_str().is_empty() {
-        c.cache_dir = if c.object_url().is_some() {
+        c.cache_dir = if c.is_object_source() {
             config::default_cache_dir(&c.source)
         } else {
             let abs = std::fs::canonicalize(&c.source).unwrap_or_else(|_| c.source.clone());

@@ -26,6 +26,18 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
+/// A reader of one source file, kept while the file is not wholly cached.
+#[derive(Debug)]
+pub enum SourceReader {
+    File(File),
+    /// The object at `rel`, as of `etag` (`object_tree.rs`): reads of any other version
+    /// fail with `ESTALE`.
+    Object {
+        rel: PathBuf,
+        etag: Option<String>,
+    },
+}
+
 /// Metadata of one source object, as `lstat` reports it (nanosecond times).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stat {

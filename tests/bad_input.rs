@@ -228,7 +228,11 @@ fn invalid_invocations_get_clear_messages() {
                 o("log"),
             ],
             2,
-            "not available for object-store sources",
+            if cfg!(feature = "s3") {
+                "not available for object-store sources"
+            } else {
+                "built without the s3 feature"
+            },
         ),
         (
             vec![
@@ -266,6 +270,32 @@ fn invalid_invocations_get_clear_messages() {
     }
     // None of these mounted anything or wrote a cache into the source.
     assert!(!p("src/inner").join("FORMAT").exists());
+}
+
+/// A hoardfs built without the `s3` feature (`--no-default-features`) refuses an `s3://`
+/// source as bad usage, saying how to get one that takes it (`.ci/run` runs this test in
+/// that build).
+#[cfg(not(feature = "s3"))]
+#[test]
+fn without_the_s3_feature_an_object_source_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let (mnt, cache) = (d.path().join("mnt"), d.path().join("cache"));
+    fs::create_dir(&mnt).unwrap();
+    let (code, err) = run(&[
+        OsStr::new("s3://bucket/prefix"),
+        mnt.as_os_str(),
+        OsStr::new("--cache-dir"),
+        cache.as_os_str(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(
+            "s3://bucket/prefix: this hoardfs was built without the s3 feature; \
+             rebuild with --features s3"
+        ),
+        "{err}"
+    );
+    assert!(!cache.exists(), "left {cache:?}");
 }
 
 /// A directory for the user nobody (65534) under a root-owned 0755 base, for the tests

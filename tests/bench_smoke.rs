@@ -73,6 +73,7 @@ fn bench_quick_runs_every_workload_and_reports() {
 }
 
 /// `bench/run --s3 --quick`: the object-store benchmark on versitygw, every system.
+#[cfg(feature = "s3")]
 #[test]
 #[ignore = "installs packages and takes minutes: .ci/run runs it (--ignored)"]
 fn bench_s3_quick_runs_every_system_and_reports() {

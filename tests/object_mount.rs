@@ -458,8 +458,28 @@ fn a_bucket_prefix_is_a_tree_of_its_own() {
 #[test]
 fn bad_object_store_options_get_clear_errors() {
     let v = Versity::start(&[BUCKET]);
-    let run = |url: &str, extra: &[&str]| {
-        let m = unmounted(&v, url, extra);
+    let profiles = tempfile::tempdir().unwrap();
+    let config = profiles.path().join("config");
+    std::fs::write(
+        &config,
+        "[profile corp]\nsso_session = corp\nsso_role_name = R\n",
+    )
+    .unwrap();
+    let run_as = |url: &str, extra: &[&str], profile: Option<&str>| {
+        let mut m = unmounted(&v, url, extra);
+        if let Some(p) = profile {
+            // No keys in the environment: the profile's way to credentials decides.
+            m.env
+                .retain(|(k, _)| !k.starts_with("AWS_") || k == "AWS_REGION");
+            m.env.extend([
+                ("AWS_PROFILE".to_string(), p.to_string()),
+                ("AWS_CONFIG_FILE".to_string(), config.display().to_string()),
+                (
+                    "AWS_SHARED_CREDENTIALS_FILE".to_string(),
+                    "/nonexistent".to_string(),
+                ),
+            ]);
+        }
         let out = std::process::Command::new(common::BIN)
             .arg(&m.src)
             .arg(&m.mnt)
@@ -473,6 +493,7 @@ fn bad_object_store_options_get_clear_errors() {
         assert!(!out.status.success());
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    let run = |url: &str, extra: &[&str]| run_as(url, extra, None);
     let e = run("s3://", &[]);
     assert!(e.contains("no bucket name"), "{e}");
     let e = run("gs://bucket", &[]);
@@ -481,6 +502,12 @@ fn bad_object_store_options_get_clear_errors() {
     assert!(e.contains("not available for object-store sources"), "{e}");
     let e = run("s3://no-such-bucket", &[]);
     assert!(e.contains("cannot use the source"), "{e}");
+    // A profile that gets its keys from IAM Identity Center: refused, naming the key.
+    let e = run_as(&format!("s3://{BUCKET}"), &[], Some("corp"));
+    assert!(
+        e.contains("AWS profile \"corp\"") && e.contains("(sso_session)"),
+        "{e}"
+    );
 }
 
 /// By hand (`cargo test --release --test object_mount -- --ignored --nocapture`): a cold

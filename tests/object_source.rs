@@ -42,6 +42,8 @@ fn raw(v: &Versity) -> (tokio::runtime::Runtime, AmazonS3) {
         .enable_all()
         .build()
         .unwrap();
+    // reqwest has no TLS provider of its own in this build (`install_tls_provider`).
+    hoardfs::object_source::install_tls_provider();
     let s = AmazonS3Builder::new()
         .with_bucket_name(BUCKET)
         .with_region("us-east-1")
@@ -1003,4 +1005,126 @@ fn marker_requests_are_retried_too() {
         took >= Duration::from_millis(700),
         "backoff 100+200+400 ms: {took:?}"
     );
+}
+
+/// TLS as hoardfs's HTTP client does it (reqwest over rustls with ring,
+/// `install_tls_provider`), against `openssl s_server` with a certificate for 127.0.0.1
+/// from a test CA: the handshake completes and a request is answered when the CA is
+/// trusted, and fails when it is not (the certificate is checked).
+#[test]
+fn tls_handshakes_with_the_ring_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("openssl (.ci/run installs it)");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = ["-x509", "-days", "1", "-subj", "/CN=hoardfs test CA"];
+    openssl(
+        &[
+            &["req"][..],
+            &ca,
+            &key,
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+        ]
+        .concat(),
+    );
+    let csr = [
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "server.csr",
+    ];
+    openssl(&[&["req"][..], &key, &csr].concat());
+    std::fs::write(
+        dir.path().join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n\
+         extendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "cert.pem",
+    ]);
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let server = std::process::Command::new("openssl")
+        .args([
+            "s_server", "-quiet", "-www", "-cert", "cert.pem", "-key", "key.pem",
+        ])
+        .arg("-accept")
+        .arg(format!("127.0.0.1:{port}"))
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map(Kill)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "openssl s_server did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    hoardfs::object_source::install_tls_provider();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{port}/");
+    let get = |client: reqwest::Client| {
+        rt.block_on(async {
+            let r = client.get(&url).send().await?;
+            let status = r.status();
+            Ok::<_, reqwest::Error>((status, r.text().await?))
+        })
+    };
+    let untrusted = get(reqwest::Client::new()).unwrap_err();
+    assert!(
+        format!("{untrusted:?}").contains("UnknownIssuer"),
+        "{untrusted:?}"
+    );
+    let root = std::fs::read(dir.path().join("ca.pem")).unwrap();
+    let trusted = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&root).unwrap())
+        .build()
+        .unwrap();
+    let (status, body) = get(trusted).unwrap();
+    assert_eq!(status, 200, "{body}");
+    // s_server -www describes the session it negotiated.
+    assert!(body.contains("TLSv1"), "{body}");
+    drop(server);
 }
