@@ -100,6 +100,8 @@ pub struct Config {
     /// Longest wait for one source call; `None`: 10 s on network and FUSE sources, none on
     /// local ones; zero: none.
     pub source_timeout: Option<Duration>,
+    /// The source's timestamp granularity (`None`: by source kind, `CachingFs::new`).
+    pub timestamp_granularity: Option<Duration>,
     /// Start in disconnected mode (`hoardfs online` ends it).
     pub start_offline: bool,
     /// What changes made while disconnected do (`fs/reintegrate.rs`).
@@ -169,6 +171,7 @@ impl Config {
             negative_ttl: None,
             watch: WatchMode::Auto,
             source_timeout: None,
+            timestamp_granularity: None,
             start_offline: false,
             offline_writes: OfflineWrites::Refuse,
             stale_check: true,

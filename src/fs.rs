@@ -185,6 +185,8 @@ pub struct CachingFs {
     /// rclone), SMB and 9p number files anew when their own caches forget them; there the
     /// identity leaves the inode number out, or every re-lookup would look like a change.
     stable_ino: bool,
+    /// How coarse the source's timestamps are (`racy` identities, `recorded_identity`).
+    timestamp_granularity: Duration,
     /// Inodes whose cache state is loaded (open through the mount): never evicted.
     loaded: Mutex<HashMap<u64, Arc<Inode>>>,
     /// Taken for reading while a cache state loads, for writing while the cleaner evicts a
@@ -451,6 +453,16 @@ impl CachingFs {
             usage: Arc::new(usage),
             pins: Arc::new(pins),
             stable_ino,
+            // sftp gives whole seconds and no ctime; NFS and SMB servers vary. Local file
+            // systems stamp fine-grained ctimes when someone looks (multigrain timestamps),
+            // and the watcher sees every write there; object stores have ETags.
+            timestamp_granularity: cfg.timestamp_granularity.unwrap_or(
+                if info.remote && !cfg.is_object_source() {
+                    Duration::from_secs(1)
+                } else {
+                    Duration::ZERO
+                },
+            ),
             loaded: Mutex::default(),
             evict_lock: RwLock::new(()),
             listed: Mutex::default(),
@@ -576,6 +588,25 @@ impl CachingFs {
             id.ino = 0;
         }
         id
+    }
+
+    /// The identity to record for the version `st` that is about to be cached (or was just
+    /// written): racy when it was taken within the source's timestamp granularity of its
+    /// mtime, so that a rewrite in the same tick, which would look the same, cannot keep
+    /// the old bytes trusted (a racy identity matches no stat: the next open fetches again,
+    /// and records a settled identity then).
+    fn recorded_identity(&self, st: &Stat) -> SourceIdentity {
+        let id = self.identity(st);
+        if self.timestamp_granularity.is_zero() {
+            return id;
+        }
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        id.checked_at(
+            (now.as_secs() as i64, now.subsec_nanos()),
+            self.timestamp_granularity,
+        )
     }
 
     /// A reader of the source file at `path` for fetching into a cache of version `expect`.
@@ -1169,7 +1200,7 @@ impl CachingFs {
             let mut guard = inode.file();
             if let Some(state) = guard.as_mut() {
                 if state.record.identity == self.identity(before) || state.written {
-                    state.record.identity = self.identity(after);
+                    state.record.identity = self.recorded_identity(after);
                     if !state.written {
                         self.persist_record(state, false);
                     }
@@ -1186,7 +1217,7 @@ impl CachingFs {
             && rec.identity == self.identity(before)
             && before.size == after.size
         {
-            rec.identity = self.identity(after);
+            rec.identity = self.recorded_identity(after);
             let _ = write_record(&files, &rec, false);
         }
     }
@@ -1222,7 +1253,7 @@ impl CachingFs {
                     Self::noted(state);
                     if ok && after.size == size {
                         state.record.resize(size);
-                        state.record.identity = self.identity(after);
+                        state.record.identity = self.recorded_identity(after);
                     } else {
                         self.drop_cached(state);
                     }
@@ -1969,7 +2000,7 @@ impl CachingFs {
     /// file nobody can reach any more (it is then emptied in place).
     fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool, path: Option<&Path>) {
         state.fetch.invalidate();
-        state.record = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
+        state.record = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
         state.unsynced = 0;
         state.written = false;
         if path.is_some() {
@@ -2068,7 +2099,7 @@ impl CachingFs {
         let meta = std::mem::replace(&mut files.meta, scratch);
         let path = inode.path();
         if let Some(path) = &path {
-            let rec = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
+            let rec = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
             let moved = files.data.try_clone().and_then(|data| {
                 let mut entry = CacheFiles { data, meta };
                 self.fresh_data(&mut entry, &rec, true, Some(path), true)
@@ -2375,7 +2406,7 @@ impl CachingFs {
             }
             Self::noted(state);
         }
-        state.record.identity = self.identity(&after);
+        state.record.identity = self.recorded_identity(&after);
         Ok(data.len() as u32)
     }
 
@@ -2505,7 +2536,7 @@ impl CachingFs {
             match after {
                 Ok(after) if same_on_cache => {
                     state.record.resize(after.size);
-                    state.record.identity = self.identity(&after);
+                    state.record.identity = self.recorded_identity(&after);
                 }
                 Ok(after) => {
                     self.drop_cached(state);
@@ -2514,7 +2545,7 @@ impl CachingFs {
                     for c in 0..state.record.nchunks() {
                         state.record.set_present(c, false);
                     }
-                    state.record.identity = self.identity(&after);
+                    state.record.identity = self.recorded_identity(&after);
                 }
                 Err(_) => self.drop_cached(state),
             }

@@ -303,6 +303,15 @@ pub static OPTIONS: &[Opt] = &[
     )
     .auto("10 on network and FUSE sources, none on local ones")
     .settable(|v| Ok(Live::SourceTimeout(secs_or_auto(v)?))),
+    Opt::value("timestamp_granularity", "SECS", CACHING, |c, v| {
+        put(&mut c.timestamp_granularity, secs_or_auto(v))
+    })
+    .help(
+        "How coarse the source's timestamps are: a version read less than this long after \
+         its mtime is checked again at the next open, as a rewrite within the same tick \
+         would look the same (git's racily clean)",
+    )
+    .auto("1 on network and FUSE sources (whole seconds over sftp, no ctime), 0 on local ones and object stores (ETags)"),
     Opt::switch("offline", "offline", None, CACHING, |c, on| {
         c.start_offline |= on
     })

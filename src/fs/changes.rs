@@ -182,7 +182,7 @@ impl CachingFs {
             .fetch_add(1, Relaxed);
         let old = state.record.identity;
         if !data_event && old.size == now.size && old.mtime == now.mtime {
-            state.record.identity = now;
+            state.record.identity = self.recorded_identity(st);
             self.persist_record(state, false);
             return Some(true);
         }

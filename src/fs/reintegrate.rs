@@ -1276,7 +1276,7 @@ impl CachingFs {
         })();
         match (same, crate::cache::store::read_record(&files)) {
             (Ok(true), Ok(Some(Ok(mut rec)))) if !rec.dirty => {
-                rec.identity = self.identity(after);
+                rec.identity = self.recorded_identity(after);
                 if write_record(&files, &rec, true).is_err() {
                     let _ = self.uncache(p);
                 }
