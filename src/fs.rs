@@ -619,7 +619,7 @@ impl CachingFs {
         let reader = self.source.open_reader(path, expect)?;
         if let SourceReader::File(f) = &reader
             && self.stale_check()
-            && self.identity(&fstat(f.as_fd())?) != *expect
+            && !self.identity(&fstat(f.as_fd())?).same_version(expect)
         {
             return Err(io::Error::from_raw_os_error(libc::ESTALE));
         }
@@ -1199,7 +1199,7 @@ impl CachingFs {
         if let Some(inode) = &inode {
             let mut guard = inode.file();
             if let Some(state) = guard.as_mut() {
-                if state.record.identity == self.identity(before) || state.written {
+                if state.record.identity.same_version(&self.identity(before)) || state.written {
                     state.record.identity = self.recorded_identity(after);
                     if !state.written {
                         self.persist_record(state, false);
@@ -1214,7 +1214,7 @@ impl CachingFs {
         };
         if let Ok(Some(Ok(mut rec))) = read_record(&files)
             && !rec.dirty
-            && rec.identity == self.identity(before)
+            && rec.identity.same_version(&self.identity(before))
             && before.size == after.size
         {
             rec.identity = self.recorded_identity(after);

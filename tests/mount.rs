@@ -841,6 +841,14 @@ fn a_source_that_renumbers_inodes_keeps_its_cache() {
         fs::create_dir(p).unwrap();
     }
     fs::write(real.join("f"), b"remote bytes").unwrap();
+    // Written well before it is read: a version read within the source's timestamp
+    // granularity of its mtime (1 s on FUSE sources) would be fetched again on purpose.
+    fs::File::options()
+        .write(true)
+        .open(real.join("f"))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(60))
+        .unwrap();
     let st = Command::new("bindfs")
         .arg(&real)
         .arg(&src)

@@ -56,6 +56,18 @@ impl SourceIdentity {
         }
     }
 
+    /// Whether `self` and `other` name the same version, racy or not (a racy identity is
+    /// only less trusted, not another version: a fetch into its cache reads that version).
+    pub fn same_version(&self, other: &SourceIdentity) -> bool {
+        SourceIdentity {
+            racy: false,
+            ..*self
+        } == SourceIdentity {
+            racy: false,
+            ..*other
+        }
+    }
+
     /// `self`, racy if it was taken (at `now`, seconds and nanoseconds since the epoch)
     /// less than `granularity` after its mtime, or before it (a clock ahead of ours).
     pub fn checked_at(mut self, now: (i64, u32), granularity: std::time::Duration) -> Self {
@@ -391,5 +403,8 @@ mod racy_tests {
         let back = CacheRecord::decode(&rec.encode()).unwrap();
         assert!(back.identity.racy);
         assert_eq!(back.identity, racy);
+        // Still the same version: a fetch into its cache reads it.
+        assert!(racy.same_version(&id) && id.same_version(&racy));
+        assert!(!racy.same_version(&SourceIdentity { size: 5, ..id }));
     }
 }

@@ -116,6 +116,10 @@ impl TestMount {
             .arg("--cache-dir")
             .arg(&self.cache)
             .arg("-f")
+            // The default floor is 5 % of the file system holding the tests' caches; on a
+            // nearly full test machine that would stop all caching. A test's own
+            // `--min-free` (a flag wins over `-o`) or `-o min_free` (later) wins.
+            .args(["-o", "min_free=64M"])
             .args(&self.extra_args)
             .env(
                 "HOARDFS_LOG",
