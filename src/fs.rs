@@ -833,7 +833,14 @@ impl CachingFs {
                     .open_source_fd(&inode)
                     .and_then(|f| self.source.fstat(f.as_fd()).ok())
                     .or_else(|| inode.file().as_ref().and_then(|s| s.unlinked));
-                let mut st = st.ok_or(Errno::ENOENT)?;
+                // Nothing open: the kernel's dentry is stale (the name was renamed or
+                // removed behind the mount). ESTALE makes the kernel look the name up again
+                // and retry (a stat, or the permission check of an open), which then finds
+                // what the name is now, or ENOENT.
+                let mut st = st.ok_or_else(|| {
+                    tracing::debug!(id, path = ?inode.path(), "getattr of a node whose name is gone");
+                    Errno::ESTALE
+                })?;
                 self.pending_attr(id, &mut st);
                 Ok(st)
             }
