@@ -117,6 +117,9 @@ pub struct Inode {
     /// node) for everything else. Lookups never return a retired entry, and opens of it
     /// answer `ESTALE`, so that the kernel looks the name up again.
     retired: AtomicBool,
+    /// The birth time of the file this entry stands for, `(0, 0)` until known: tells it
+    /// from a later file given the same inode number (`reused_by`).
+    btime: Mutex<(i64, u32)>,
 }
 
 impl Inode {
@@ -129,6 +132,7 @@ impl Inode {
             names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
             retired: AtomicBool::new(false),
+            btime: Mutex::new((0, 0)),
         }
     }
 
@@ -149,6 +153,16 @@ impl Inode {
     /// the new file would leave its old names leading to the new file's node, so that an
     /// open through an old name served another file's bytes.
     fn reused_by(&self, path: &Path, st: &Stat) -> bool {
+        {
+            // Where both birth times are known they settle it, whatever the names.
+            let mut known = self.btime.lock().unwrap();
+            if st.btime != (0, 0) {
+                if *known != (0, 0) {
+                    return *known != st.btime;
+                }
+                *known = st.btime;
+            }
+        }
         if st.nlink != 1 || st.is_dir() {
             return false;
         }
@@ -527,6 +541,7 @@ impl InodeTable {
         let id = inner.next_id;
         inner.next_id += 1;
         let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        *inode.btime.lock().unwrap() = st.btime;
         inner.by_id.insert(
             id,
             Entry {
@@ -564,6 +579,7 @@ impl InodeTable {
         let id = inner.next_id;
         inner.next_id += 1;
         let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        *inode.btime.lock().unwrap() = st.btime;
         inner.by_id.insert(
             id,
             Entry {
@@ -800,6 +816,7 @@ mod tests {
             atime: (0, 0),
             mtime: (0, 0),
             ctime: (0, 0),
+            btime: (0, 0),
         }
     }
 
@@ -909,6 +926,27 @@ mod tests {
         let moved = t.lookup(ROOT_ID, Path::new("moved"), &open);
         drop(busy);
         assert!(Arc::ptr_eq(&o, &moved));
+    }
+
+    #[test]
+    fn birth_times_tell_a_reused_inode_number_under_the_same_name() {
+        let t = table(1000, 10);
+        let born = |ino, b| Stat {
+            btime: (b, 0),
+            ..file(ino)
+        };
+        let a = t.lookup(ROOT_ID, Path::new("f"), &born(10, 100));
+        // The same file renamed (same birth time): the same entry, even under a new name.
+        let moved = t.lookup(ROOT_ID, Path::new("g"), &born(10, 100));
+        assert!(Arc::ptr_eq(&a, &moved));
+        // Inode 10 freed and given to a new file under the old name: another entry.
+        let next = t.lookup(ROOT_ID, Path::new("g"), &born(10, 200));
+        assert_ne!(a.id, next.id);
+        assert!(Arc::ptr_eq(
+            &t.find(Path::new("g"), &born(10, 200)).unwrap(),
+            &next
+        ));
+        assert!(t.find(Path::new("g"), &born(10, 100)).is_none());
     }
 
     #[test]

@@ -158,6 +158,7 @@ impl CachingFs {
             atime: now,
             mtime: now,
             ctime: now,
+            btime: (0, 0),
         }
     }
 
