@@ -1933,6 +1933,15 @@ impl CachingFs {
         }
     }
 
+    /// The name of `inode` if it still leads to the inode's own source file: its cache entry
+    /// is this file's. A name that leads to another file now (replaced behind the mount)
+    /// has that file's cache entry, which this inode must not touch.
+    fn own_path(&self, inode: &Inode) -> Option<PathBuf> {
+        let path = inode.path()?;
+        let st = self.source.stat(&path).ok()?;
+        ((st.dev, st.ino) == inode.key || !self.stable_ino).then_some(path)
+    }
+
     /// The source changed behind the mount while `inode` is open with its whole old version
     /// in the cache: the open handles keep that version (the session semantics of AFS and
     /// Coda), and the name gets a new entry for everything else. On disk the cache entry
@@ -1965,7 +1974,7 @@ impl CachingFs {
         };
         // From here on nothing this state writes reaches the entry's record.
         let meta = std::mem::replace(&mut files.meta, scratch);
-        let path = inode.path();
+        let path = self.own_path(inode);
         if let Some(path) = &path {
             let rec = CacheRecord::empty(self.identity(st), self.cfg.chunk_size);
             let moved = files.data.try_clone().and_then(|data| {
