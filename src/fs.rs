@@ -2529,12 +2529,23 @@ impl CachingFs {
 impl EvictTarget for CachingFs {
     fn evict(&self, rel: &Path, chunks: Option<&[u64]>) -> u64 {
         let _exclusive = self.evict_lock.write().unwrap();
-        let open = self
-            .loaded
-            .lock()
-            .unwrap()
-            .values()
-            .any(|i| i.names.lock().unwrap().iter().any(|n| n == rel));
+        // Open by name, or through a state whose data file is the one there (an open file
+        // whose name is gone or leads elsewhere by now: its handles still read that file,
+        // and punched chunks would read as zeros). A state busy right now counts as open.
+        let data = self.cache.data_dir().stat(rel).ok().map(|st| st.ino);
+        let open = self.loaded.lock().unwrap().values().any(|i| {
+            i.names.lock().unwrap().iter().any(|n| n == rel)
+                || match i.file.try_lock() {
+                    Ok(g) => g.as_ref().and_then(|s| s.files.as_ref()).is_some_and(|f| {
+                        data.is_some()
+                            && f.data.metadata().ok().map(|m| {
+                                use std::os::unix::fs::MetadataExt;
+                                m.ino()
+                            }) == data
+                    }),
+                    Err(_) => true,
+                }
+        });
         if open {
             return 0;
         }
