@@ -1758,6 +1758,7 @@ impl CachingFs {
             state.fetch.kill();
         }
         *guard = None;
+        inode.former.lock().unwrap().clear();
         self.loaded.lock().unwrap().remove(&inode.id);
     }
 
@@ -2529,22 +2530,12 @@ impl CachingFs {
 impl EvictTarget for CachingFs {
     fn evict(&self, rel: &Path, chunks: Option<&[u64]>) -> u64 {
         let _exclusive = self.evict_lock.write().unwrap();
-        // Open by name, or through a state whose data file is the one there (an open file
-        // whose name is gone or leads elsewhere by now: its handles still read that file,
-        // and punched chunks would read as zeros). A state busy right now counts as open.
-        let data = self.cache.data_dir().stat(rel).ok().map(|st| st.ino);
+        // Open by name, or by a name it had while open (an open file whose name was taken
+        // by a new file behind the mount: its data file may still be the entry's, and its
+        // handles read it; punched chunks would read as zeros).
         let open = self.loaded.lock().unwrap().values().any(|i| {
             i.names.lock().unwrap().iter().any(|n| n == rel)
-                || match i.file.try_lock() {
-                    Ok(g) => g.as_ref().and_then(|s| s.files.as_ref()).is_some_and(|f| {
-                        data.is_some()
-                            && f.data.metadata().ok().map(|m| {
-                                use std::os::unix::fs::MetadataExt;
-                                m.ino()
-                            }) == data
-                    }),
-                    Err(_) => true,
-                }
+                || i.former.lock().unwrap().iter().any(|n| n == rel)
         });
         if open {
             return 0;

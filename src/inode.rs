@@ -112,6 +112,10 @@ pub struct Inode {
     pub names: Mutex<Vec<PathBuf>>,
     /// Cache state of a regular file while it is open through the mount.
     pub file: Mutex<Option<FileState>>,
+    /// Names taken from this inode while its cache state may be loaded (cleared when it
+    /// unloads): its data file may still be the cache entry of such a name, so the
+    /// cleaner keeps away from it (a file replaced behind the mount while open).
+    pub former: Mutex<Vec<PathBuf>>,
     /// The source changed behind the mount while this file was open: its open handles keep
     /// the version they opened, and the file's names lead to a new entry (a new kernel
     /// node) for everything else. Lookups never return a retired entry, and opens of it
@@ -131,6 +135,7 @@ impl Inode {
             parent: AtomicU64::new(parent),
             names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
+            former: Mutex::new(Vec::new()),
             retired: AtomicBool::new(false),
             btime: Mutex::new((0, 0)),
         }
@@ -191,8 +196,13 @@ impl Inode {
     }
 
     /// `path` no longer names this inode; another known name (a hard link) takes over.
+    /// The name is remembered in `former` until the cache state unloads.
     pub fn remove_name(&self, path: &Path) {
-        self.names.lock().unwrap().retain(|n| n != path);
+        let mut names = self.names.lock().unwrap();
+        if names.iter().any(|n| n == path) {
+            names.retain(|n| n != path);
+            self.former.lock().unwrap().push(path.to_path_buf());
+        }
     }
 
     pub fn parent(&self) -> u64 {
