@@ -2054,7 +2054,14 @@ impl CachingFs {
         match (ff.own(), now) {
             // A data file no name leads to any more (unlinked or replaced, by us or not) is
             // never loaded again, whatever its record says.
-            (Some(own), Ok(now)) => now.nlink == 0 || own == DataIdentity::of(&now),
+            // A ctime earlier than the one noted is not someone else's later change: this
+            // kernel's ctimes of one file need not be in order (a coarse-grained update can
+            // stamp an earlier time than a fine-grained one our note read), which concurrent
+            // piece writes showed.
+            (Some(own), Ok(st)) => {
+                let now = DataIdentity::of(&st);
+                st.nlink == 0 || (own.ino == now.ino && now.ctime <= own.ctime)
+            }
             _ => true,
         }
     }
