@@ -315,18 +315,14 @@ impl FileFetch {
     }
 
     /// hoardfs has just changed `data` (this file's cache data file): its identity now is
-    /// hoardfs's own. Concurrent writers each note theirs; the latest ctime wins.
+    /// hoardfs's own. The `fstat` is taken under the lock, so that of concurrent writers
+    /// the last to note sees every write noted before it (ctimes are not compared: the
+    /// kernel's fine- and coarse-grained ctimes need not be in order).
     pub fn note_written(&self, data: &File) {
-        let Ok(st) = crate::source::fstat(std::os::fd::AsFd::as_fd(data)) else {
-            *self.own.lock().unwrap() = None;
-            return;
-        };
-        let now = DataIdentity::of(&st);
         let mut own = self.own.lock().unwrap();
-        match *own {
-            Some(o) if o.ino == now.ino && o.ctime > now.ctime => {}
-            _ => *own = Some(now),
-        }
+        *own = crate::source::fstat(std::os::fd::AsFd::as_fd(data))
+            .ok()
+            .map(|st| DataIdentity::of(&st));
     }
 
     /// See `own`.

@@ -1888,6 +1888,7 @@ impl CachingFs {
             state.fetch.kill();
         }
         *guard = None;
+        inode.former.lock().unwrap().clear();
         self.loaded.lock().unwrap().remove(&inode.id);
     }
 
@@ -2072,6 +2073,15 @@ impl CachingFs {
         }
     }
 
+    /// The name of `inode` if it still leads to the inode's own source file: its cache entry
+    /// is this file's. A name that leads to another file now (replaced behind the mount)
+    /// has that file's cache entry, which this inode must not touch.
+    fn own_path(&self, inode: &Inode) -> Option<PathBuf> {
+        let path = inode.path()?;
+        let st = self.source.stat(&path).ok()?;
+        ((st.dev, st.ino) == inode.key || !self.stable_ino).then_some(path)
+    }
+
     /// The source changed behind the mount while `inode` is open with its whole old version
     /// in the cache: the open handles keep that version (the session semantics of AFS and
     /// Coda), and the name gets a new entry for everything else. On disk the cache entry
@@ -2104,7 +2114,7 @@ impl CachingFs {
         };
         // From here on nothing this state writes reaches the entry's record.
         let meta = std::mem::replace(&mut files.meta, scratch);
-        let path = inode.path();
+        let path = self.own_path(inode);
         if let Some(path) = &path {
             let rec = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
             let moved = files.data.try_clone().and_then(|data| {
@@ -2183,7 +2193,14 @@ impl CachingFs {
         match (ff.own(), now) {
             // A data file no name leads to any more (unlinked or replaced, by us or not) is
             // never loaded again, whatever its record says.
-            (Some(own), Ok(now)) => now.nlink == 0 || own == DataIdentity::of(&now),
+            // A ctime earlier than the one noted is not someone else's later change: this
+            // kernel's ctimes of one file need not be in order (a coarse-grained update can
+            // stamp an earlier time than a fine-grained one our note read), which concurrent
+            // piece writes showed.
+            (Some(own), Ok(st)) => {
+                let now = DataIdentity::of(&st);
+                st.nlink == 0 || (own.ino == now.ino && now.ctime <= own.ctime)
+            }
             _ => true,
         }
     }
@@ -2708,12 +2725,13 @@ impl CachingFs {
 impl EvictTarget for CachingFs {
     fn evict(&self, rel: &Path, chunks: Option<&[u64]>) -> u64 {
         let _exclusive = self.evict_lock.write().unwrap();
-        let open = self
-            .loaded
-            .lock()
-            .unwrap()
-            .values()
-            .any(|i| i.names.lock().unwrap().iter().any(|n| n == rel));
+        // Open by name, or by a name it had while open (an open file whose name was taken
+        // by a new file behind the mount: its data file may still be the entry's, and its
+        // handles read it; punched chunks would read as zeros).
+        let open = self.loaded.lock().unwrap().values().any(|i| {
+            i.names.lock().unwrap().iter().any(|n| n == rel)
+                || i.former.lock().unwrap().iter().any(|n| n == rel)
+        });
         if open {
             return 0;
         }

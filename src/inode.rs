@@ -112,11 +112,18 @@ pub struct Inode {
     pub names: Mutex<Vec<PathBuf>>,
     /// Cache state of a regular file while it is open through the mount.
     pub file: Mutex<Option<FileState>>,
+    /// Names taken from this inode while its cache state may be loaded (cleared when it
+    /// unloads): its data file may still be the cache entry of such a name, so the
+    /// cleaner keeps away from it (a file replaced behind the mount while open).
+    pub former: Mutex<Vec<PathBuf>>,
     /// The source changed behind the mount while this file was open: its open handles keep
     /// the version they opened, and the file's names lead to a new entry (a new kernel
     /// node) for everything else. Lookups never return a retired entry, and opens of it
     /// answer `ESTALE`, so that the kernel looks the name up again.
     retired: AtomicBool,
+    /// The birth time of the file this entry stands for, `(0, 0)` until known: tells it
+    /// from a later file given the same inode number (`reused_by`).
+    btime: Mutex<(i64, u32)>,
 }
 
 impl Inode {
@@ -128,7 +135,9 @@ impl Inode {
             parent: AtomicU64::new(parent),
             names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
+            former: Mutex::new(Vec::new()),
             retired: AtomicBool::new(false),
+            btime: Mutex::new((0, 0)),
         }
     }
 
@@ -149,6 +158,16 @@ impl Inode {
     /// the new file would leave its old names leading to the new file's node, so that an
     /// open through an old name served another file's bytes.
     fn reused_by(&self, path: &Path, st: &Stat) -> bool {
+        {
+            // Where both birth times are known they settle it, whatever the names.
+            let mut known = self.btime.lock().unwrap();
+            if st.btime != (0, 0) {
+                if *known != (0, 0) {
+                    return *known != st.btime;
+                }
+                *known = st.btime;
+            }
+        }
         if st.nlink != 1 || st.is_dir() {
             return false;
         }
@@ -177,8 +196,13 @@ impl Inode {
     }
 
     /// `path` no longer names this inode; another known name (a hard link) takes over.
+    /// The name is remembered in `former` until the cache state unloads.
     pub fn remove_name(&self, path: &Path) {
-        self.names.lock().unwrap().retain(|n| n != path);
+        let mut names = self.names.lock().unwrap();
+        if names.iter().any(|n| n == path) {
+            names.retain(|n| n != path);
+            self.former.lock().unwrap().push(path.to_path_buf());
+        }
     }
 
     pub fn parent(&self) -> u64 {
@@ -495,6 +519,7 @@ impl InodeTable {
         let id = inner.next_id;
         inner.next_id += 1;
         let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        *inode.btime.lock().unwrap() = st.btime;
         inner.by_id.insert(
             id,
             Entry {
@@ -532,6 +557,7 @@ impl InodeTable {
         let id = inner.next_id;
         inner.next_id += 1;
         let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        *inode.btime.lock().unwrap() = st.btime;
         inner.by_id.insert(
             id,
             Entry {
@@ -768,6 +794,7 @@ mod tests {
             atime: (0, 0),
             mtime: (0, 0),
             ctime: (0, 0),
+            btime: (0, 0),
         }
     }
 
@@ -877,6 +904,27 @@ mod tests {
         let moved = t.lookup(ROOT_ID, Path::new("moved"), &open);
         drop(busy);
         assert!(Arc::ptr_eq(&o, &moved));
+    }
+
+    #[test]
+    fn birth_times_tell_a_reused_inode_number_under_the_same_name() {
+        let t = table(1000, 10);
+        let born = |ino, b| Stat {
+            btime: (b, 0),
+            ..file(ino)
+        };
+        let a = t.lookup(ROOT_ID, Path::new("f"), &born(10, 100));
+        // The same file renamed (same birth time): the same entry, even under a new name.
+        let moved = t.lookup(ROOT_ID, Path::new("g"), &born(10, 100));
+        assert!(Arc::ptr_eq(&a, &moved));
+        // Inode 10 freed and given to a new file under the old name: another entry.
+        let next = t.lookup(ROOT_ID, Path::new("g"), &born(10, 200));
+        assert_ne!(a.id, next.id);
+        assert!(Arc::ptr_eq(
+            &t.find(Path::new("g"), &born(10, 200)).unwrap(),
+            &next
+        ));
+        assert!(t.find(Path::new("g"), &born(10, 100)).is_none());
     }
 
     #[test]

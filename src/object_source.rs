@@ -285,6 +285,7 @@ impl ObjStat {
             atime: mtime,
             mtime,
             ctime,
+            btime: (0, 0),
         }
     }
 }

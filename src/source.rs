@@ -54,9 +54,37 @@ pub struct Stat {
     pub atime: (i64, u32),
     pub mtime: (i64, u32),
     pub ctime: (i64, u32),
+    /// Birth time, `(0, 0)` where unknown (`fstat`, sources without it). Immutable for a
+    /// file's life, so it tells a file from a later one given the same inode number.
+    pub btime: (i64, u32),
 }
 
 impl Stat {
+    /// From `statx`; the birth time where the file system reports it.
+    pub fn from_statx(x: &libc::statx) -> Stat {
+        let t = |t: &libc::statx_timestamp| (t.tv_sec, t.tv_nsec);
+        Stat {
+            dev: libc::makedev(x.stx_dev_major, x.stx_dev_minor),
+            ino: x.stx_ino,
+            mode: x.stx_mode as u32,
+            nlink: x.stx_nlink as u64,
+            uid: x.stx_uid,
+            gid: x.stx_gid,
+            rdev: libc::makedev(x.stx_rdev_major, x.stx_rdev_minor),
+            size: x.stx_size,
+            blocks: x.stx_blocks,
+            blksize: x.stx_blksize,
+            atime: t(&x.stx_atime),
+            mtime: t(&x.stx_mtime),
+            ctime: t(&x.stx_ctime),
+            btime: if x.stx_mask & libc::STATX_BTIME != 0 {
+                t(&x.stx_btime)
+            } else {
+                (0, 0)
+            },
+        }
+    }
+
     pub fn from_libc(st: &libc::stat) -> Stat {
         Stat {
             dev: st.st_dev,
@@ -72,6 +100,7 @@ impl Stat {
             atime: (st.st_atime, st.st_atime_nsec as u32),
             mtime: (st.st_mtime, st.st_mtime_nsec as u32),
             ctime: (st.st_ctime, st.st_ctime_nsec as u32),
+            btime: (0, 0),
         }
     }
 
@@ -259,16 +288,7 @@ impl BeneathRoot {
             return fstat(self.root.as_fd());
         }
         let (dir, name) = self.parent(rel)?;
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        cvt(unsafe {
-            libc::fstatat(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })?;
-        Ok(Stat::from_libc(&st))
+        lstat_at(dir.as_fd(), &name)
     }
 
     /// `lstat` of each name in the directory `dir`, opening the directory once.
@@ -276,19 +296,7 @@ impl BeneathRoot {
         let fd = self.dir(dir)?;
         Ok(names
             .iter()
-            .map(|name| {
-                let name = cstr(name)?;
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                cvt(unsafe {
-                    libc::fstatat(
-                        fd.as_raw_fd(),
-                        name.as_ptr(),
-                        &mut st,
-                        libc::AT_SYMLINK_NOFOLLOW,
-                    )
-                })?;
-                Ok(Stat::from_libc(&st))
-            })
+            .map(|name| lstat_at(fd.as_fd(), &cstr(name)?))
             .collect())
     }
 
@@ -596,6 +604,38 @@ impl BeneathRoot {
         cvt(unsafe { libc::fstatvfs(self.root.as_raw_fd(), &mut st) })?;
         Ok(st)
     }
+}
+
+/// `lstat` of `name` in directory `dir`: `statx`, for the birth time, where the kernel has
+/// it; `fstatat` otherwise.
+fn lstat_at(dir: BorrowedFd<'_>, name: &CString) -> io::Result<Stat> {
+    let mut x: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut x,
+        )
+    };
+    if r == 0 {
+        return Ok(Stat::from_statx(&x));
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+        return Err(e);
+    }
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(Stat::from_libc(&st))
 }
 
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {

@@ -478,3 +478,38 @@ fn a_stat_after_a_replacement_does_not_cut_an_open_files_reads() {
 fn replaced_files_under_readers_without_passthrough() {
     replaced_files_under_readers(&["--watch", "off", "--no-passthrough"]);
 }
+
+/// A file open whole (passthrough) whose name a new file took behind the mount: the
+/// watcher takes the name from its node, while its data file is still the cache entry's.
+/// A clean that evicts chunks of that entry must not punch them out of the file the open
+/// handle reads (they would read as zeros).
+#[test]
+fn a_clean_never_punches_the_data_file_of_an_open_replaced_file() {
+    let t = TestMount::new(&[
+        "--chunk-size",
+        "64K",
+        "--whole-file-threshold",
+        "128K",
+        "--cache-size",
+        "64M",
+    ]);
+    let old = pattern(1 << 20, 21);
+    fs::write(t.s("f"), &old).unwrap();
+    check("first read", &fs::read(t.m("f")).unwrap(), &old);
+    let held = File::open(t.m("f")).unwrap();
+    check("held", &read_whole(&held, old.len()), &old);
+    fs::write(t.s(".f.tmp"), pattern(1 << 20, 22)).unwrap();
+    fs::rename(t.s(".f.tmp"), t.s("f")).unwrap();
+    // Let the watcher act on the rename.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = std::process::Command::new(common::BIN)
+        .args(["clean", t.mnt.to_str().unwrap(), "--to", "512K"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check("held after a clean", &read_whole(&held, old.len()), &old);
+}

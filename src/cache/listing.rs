@@ -192,6 +192,7 @@ impl<'a> Reader<'a> {
             atime: self.time()?,
             mtime: self.time()?,
             ctime: self.time()?,
+            btime: (0, 0),
         })
     }
 }
@@ -216,6 +217,7 @@ mod tests {
             atime: (1, 2),
             mtime: (3, 4),
             ctime: (5, 999_999_999),
+            btime: (0, 0),
         }
     }
 

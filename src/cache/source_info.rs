@@ -110,6 +110,7 @@ impl SourceInfo {
             atime: (0, 0),
             mtime: (0, 0),
             ctime: (0, 0),
+            btime: (0, 0),
         }
     }
 }

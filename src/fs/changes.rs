@@ -181,13 +181,17 @@ impl CachingFs {
             .changes_detected
             .fetch_add(1, Relaxed);
         let old = state.record.identity;
+        // A file no name leads to any more (renamed over, unlinked) had its ctime moved by
+        // that, not its data.
+        let data_event = data_event && st.nlink > 0;
         if !data_event && old.size == now.size && old.mtime == now.mtime {
             state.record.identity = self.recorded_identity(st);
             self.persist_record(state, false);
             return Some(true);
         }
         if !self.keep_version(inode, state, st) {
-            self.stale(state, st, inode.path().as_deref());
+            let path = self.own_path(inode);
+            self.stale(state, st, path.as_deref());
         }
         Some(true)
     }

@@ -292,19 +292,38 @@ impl CachingFs {
                 Ok(buf)
             }),
             None => {
-                let fetch_src = h
-                    .inode
-                    .file()
-                    .as_ref()
-                    .and_then(|s| s.fetch_src.clone())
-                    .ok_or(Errno::EIO)?;
-                self.source
-                    .read_at(&fetch_src.reader, size as usize, offset)
+                let fetch_src = h.inode.file().as_ref().and_then(|s| s.fetch_src.clone());
+                match fetch_src {
+                    Some(src) => self.source.read_at(&src.reader, size as usize, offset),
+                    None => self.read_own_file(h, offset, size),
+                }
             }
         }
         .map_err(errno)?;
         Stats::add(&self.stats.cache.bytes_from_source, buf.len() as u64);
         Ok(buf)
+    }
+
+    /// A read with no descriptor to read through: none could be opened for the cached
+    /// version (the file's identity kept moving while it was rewritten behind the mount,
+    /// `open_fetch_reader`). The file itself is read, uncached, as a reader of a local
+    /// file being written would see it; never another file that took its name.
+    fn read_own_file(&self, h: &Handle, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+        let eio = || std::io::Error::from_raw_os_error(libc::EIO);
+        let path = h.inode.path().filter(|_| !self.source.is_object());
+        let f = self
+            .source
+            .open_file(&path.ok_or_else(eio)?, libc::O_RDONLY)?;
+        let st = crate::source::fstat(f.as_fd())?;
+        if self.stable_ino && (st.dev, st.ino) != h.inode.key {
+            return Err(eio());
+        }
+        self.source.with_fd(f.as_fd(), move |f| {
+            let mut buf = vec![0u8; size as usize];
+            let n = read_full(f, &mut buf, offset)?;
+            buf.truncate(n);
+            Ok(buf)
+        })
     }
 
     /// Fetches the unclaimed pieces of `range` of `f`; with `wait`, then waits for the

@@ -152,6 +152,7 @@ impl CachingFs {
             atime: now,
             mtime: now,
             ctime: now,
+            btime: (0, 0),
         }
     }
 
