@@ -609,6 +609,63 @@ impl CachingFs {
         )
     }
 
+    /// A racy record (`recorded_identity`) of the version `st` still names: whether the
+    /// bytes it holds are the source's, compared chunk by chunk (git's answer to a racily
+    /// clean entry). If so the record is settled (stamped anew; racy again only while the
+    /// granularity has not passed) and keeps serving; if not, or if the source cannot be
+    /// read, the caller treats the file as changed.
+    fn racy_record_still_holds(
+        &self,
+        path: &Path,
+        files: &crate::cache::store::CacheFiles,
+        rec: &mut CacheRecord,
+        st: &Stat,
+    ) -> bool {
+        let now = self.identity(st);
+        if !rec.identity.racy || !rec.identity.same_version(&now) || self.source.is_object() {
+            return false;
+        }
+        let Ok(src) = self.source.open_file(path, libc::O_RDONLY) else {
+            return false;
+        };
+        let same = (0..rec.nchunks()).filter(|c| rec.is_present(*c)).all(|c| {
+            let off = c * rec.chunk_size;
+            let len = rec.chunk_size.min(rec.identity.size - off) as usize;
+            let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+            let a_ok = self
+                .source
+                .with_fd(src.as_fd(), move |f| {
+                    use std::os::unix::fs::FileExt;
+                    f.read_exact_at(&mut a, off).map(|_| a)
+                })
+                .ok();
+            use std::os::unix::fs::FileExt;
+            a_ok.is_some_and(|a| files.data.read_exact_at(&mut b, off).is_ok() && a == b)
+        });
+        // Read as the version the record names, nothing written meanwhile.
+        let after = self.source.fstat(src.as_fd()).map(|a| self.identity(&a));
+        self.source.close(src);
+        if !same || !after.is_ok_and(|a| a.same_version(&now)) {
+            return false;
+        }
+        rec.identity = self.recorded_identity(st);
+        true
+    }
+
+    /// `racy_record_still_holds` for a loaded state, whose record is stamped anew if so.
+    pub(super) fn settle_racy(&self, path: &Path, state: &mut FileState, st: &Stat) -> bool {
+        let Some(files) = state.files.as_ref() else {
+            return false;
+        };
+        let mut rec = state.record.clone();
+        if !self.racy_record_still_holds(path, files, &mut rec, st) {
+            return false;
+        }
+        state.record.identity = rec.identity;
+        self.persist_record(state, false);
+        true
+    }
+
     /// A reader of the source file at `path` for fetching into a cache of version `expect`.
     /// On a POSIX source the file is opened by name, and the name may lead to another
     /// version by now (renamed over, rewritten): its bytes must never be cached as
@@ -1692,6 +1749,7 @@ impl CachingFs {
                 if self.stale_check()
                     && !state.written
                     && state.record.identity != self.identity(&st)
+                    && !self.settle_racy(&path, state, &st)
                 {
                     // Changed behind the mount while open, before the watcher or a lease
                     // acted on it.
@@ -1939,10 +1997,12 @@ impl CachingFs {
         // empty record need not be durable (one fsync less per newly cached file).
         let mut had_record = true;
         match read_record(&files) {
-            Ok(Some(Ok(rec))) if !new_file => {
+            Ok(Some(Ok(mut rec))) if !new_file => {
                 let matches = !rec.dirty
-                    && (rec.identity == identity || !self.stale_check())
-                    && data_len == Some(rec.identity.size);
+                    && data_len == Some(rec.identity.size)
+                    && (rec.identity == identity
+                        || !self.stale_check()
+                        || self.racy_record_still_holds(path, &files, &mut rec, st));
                 if matches {
                     state.record = rec;
                     reset = false;

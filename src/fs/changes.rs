@@ -173,6 +173,10 @@ impl CachingFs {
             || state.record.identity == now
             || !self.coherence.tunables.stale_check.load(Relaxed)
             || (st.dev, st.ino) != inode.key
+            // Checked by content last: it reads the source.
+            || inode
+                .path()
+                .is_some_and(|p| self.settle_racy(&p, state, st))
         {
             return Some(false);
         }
