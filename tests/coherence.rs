@@ -377,8 +377,13 @@ fn listings_begun_after_a_change_through_the_mount_show_it_under_concurrent_list
 struct LoopMount(std::path::PathBuf);
 
 impl Drop for LoopMount {
+    /// Lazily, so that it goes even when a failed test left the hoardfs mount above it;
+    /// `mount -o loop` set autoclear, so the loop device goes with it.
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
     }
 }
 

@@ -172,12 +172,16 @@ fn change(real: &Path, outside: &Path, f: usize, v: u64, how: Change) {
 
 struct Source {
     real: PathBuf,
-    coarse: Option<Child>,
+    /// coarse_fs and where it is mounted.
+    coarse: Option<(Child, PathBuf)>,
 }
 
 impl Drop for Source {
+    /// Ends coarse_fs and takes its mount down (lazily: a hoardfs mount above it may be
+    /// going at the same time), so that a failed test leaves nothing mounted.
     fn drop(&mut self) {
-        if let Some(mut c) = self.coarse.take() {
+        if let Some((mut c, at)) = self.coarse.take() {
+            let _ = Command::new("umount").arg("-l").arg(&at).status();
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -218,7 +222,7 @@ fn mount(coarse: bool, extra: &[&str]) -> (TestMount, Source) {
             .arg(&t.src)
             .spawn()
             .expect("coarse_fs (cargo test builds the examples)");
-        source.coarse = Some(child);
+        source.coarse = Some((child, t.src.clone()));
         let deadline = Instant::now() + Duration::from_secs(10);
         while !fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
