@@ -127,6 +127,16 @@ struct Counts {
 }
 
 impl Counts {
+    /// A failed open or read: ESTALE counted apart from every other error.
+    fn failed(&self, what: String, e: &std::io::Error) {
+        let kind = if e.raw_os_error() == Some(libc::ESTALE) {
+            &self.estale
+        } else {
+            &self.errors
+        };
+        self.note(kind, format!("{what}: {e}"));
+    }
+
     /// Counts one failure and keeps the first two of each kind for the report.
     fn note(&self, what: &AtomicU64, msg: String) {
         if what.fetch_add(1, SeqCst) < 2 {
@@ -297,12 +307,7 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
                 let r =
                     fs::File::open(mnt.join(name(f))).and_then(|mut h| h.read_to_end(&mut data));
                 if let Err(e) = r {
-                    let what = if e.raw_os_error() == Some(libc::ESTALE) {
-                        &counts.estale
-                    } else {
-                        &counts.errors
-                    };
-                    counts.note(what, format!("{}: {e}", name(f)));
+                    counts.failed(name(f), &e);
                     continue;
                 }
                 counts.reads.fetch_add(1, SeqCst);
@@ -337,12 +342,8 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
                 f = (f + 1) % n;
                 let h = match fs::File::open(mnt.join(name(f))) {
                     Ok(h) => h,
-                    Err(e) if e.raw_os_error() == Some(libc::ESTALE) => {
-                        counts.note(&counts.estale, format!("{}: {e}", name(f)));
-                        continue;
-                    }
                     Err(e) => {
-                        counts.note(&counts.errors, format!("{}: {e}", name(f)));
+                        counts.failed(name(f), &e);
                         continue;
                     }
                 };
