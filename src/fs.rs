@@ -66,6 +66,10 @@ pub fn errno(e: io::Error) -> Errno {
 /// system: long enough for a slow server, short enough that a dead one is noticed.
 const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often an open looks at a file again whose record is older than the source while
+/// an own change may be under way (a millisecond apart while one is).
+const OWN_CHANGE_TRIES: u32 = 50;
+
 /// How long a writer waits for passthrough readers whose release is still on its way.
 const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
 
@@ -87,6 +91,10 @@ pub struct FileState {
     path_fd: Option<OwnedFd>,
     daemon_opens: u32,
     passthrough_opens: u32,
+    /// Handles open for writing to the source (counted in `daemon_opens` too). While any
+    /// is open the node cannot keep an old version apart (`keep_version`): their writes
+    /// reach the source file that the name's new node would serve.
+    writers: u32,
     /// Opens waiting for a whole-file fetch (not counted in the opens yet).
     opening: u32,
     backing: Weak<BackingId>,
@@ -1148,6 +1156,11 @@ impl CachingFs {
         let from = child(&self.path_of(parent)?, name)?;
         let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).ok();
+        // The renamed file's ctime moves: opens meanwhile must not call that a change.
+        let _changing = (before.as_ref())
+            .filter(|b| b.is_file())
+            .and_then(|b| self.find_inode(&from, b))
+            .map(|i| i.own_change());
         let inode = (before.as_ref())
             .filter(|_| self.source.is_object())
             .and_then(|b| self.find_inode(&from, b));
@@ -1170,7 +1183,7 @@ impl CachingFs {
         if let Some(before) = before.filter(|b| b.is_file())
             && let Ok(after) = self.source.stat(&to)
         {
-            self.own_change(&to, &before, &after);
+            self.own_change(&to, &before, &after, false);
         }
         Ok(())
     }
@@ -1180,12 +1193,13 @@ impl CachingFs {
         let from = self.path_of(id)?;
         let to = child(&self.path_of(newparent)?, newname)?;
         let before = self.source.stat(&from).map_err(errno)?;
+        let _changing = self.inode(id)?.own_change();
         self.source.link(&from, &to).map_err(errno)?;
         self.listing_changed(from.parent().unwrap_or(Path::new("")));
         self.listing_changed(to.parent().unwrap_or(Path::new("")));
         let st = self.source.stat(&to).map_err(errno)?;
         if before.is_file() {
-            self.own_change(&from, &before, &st);
+            self.own_change(&from, &before, &st, false);
         }
         let inode = self.inodes.lookup(newparent, &to, &st);
         // Keep using the old name while it exists: the cache entry lives under it.
@@ -1226,12 +1240,13 @@ impl CachingFs {
             }
             return self.truncate(&inode, path.as_deref(), src_fd, size, attr);
         }
+        let _changing = inode.own_change();
         self.source
             .set_attr(path.as_deref(), src_fd.map(|f| f.as_fd()), &attr)
             .map_err(errno)?;
         let after = stat_now().map_err(errno)?;
         if let (true, Some(path)) = (after.is_file(), &path) {
-            self.own_change(path, &before, &after);
+            self.own_change(path, &before, &after, attr.mtime.is_some());
         }
         Ok(attr_of(id, &after))
     }
@@ -1258,13 +1273,32 @@ impl CachingFs {
         }
     }
 
-    fn own_change(&self, path: &Path, before: &Stat, after: &Stat) {
+    /// `mtime_set`: the change set the mtime itself (utimens). Anything else that moved the
+    /// size or the mtime between `before` and `after` was a write meanwhile (by a handle
+    /// of another node of the file), whose bytes the cache does not hold: then the record
+    /// is left to be found stale.
+    fn own_change(&self, path: &Path, before: &Stat, after: &Stat, mtime_set: bool) {
+        // (An object store's metadata change is a copy, which moves the mtime; its data
+        // changes are this mount's own uploads.)
+        let data_kept = |after: &Stat| {
+            before.size == after.size
+                && (mtime_set || before.mtime == after.mtime || self.source.is_object())
+        };
         let inode = self.find_inode(path, after);
         if let Some(inode) = &inode {
             let mut guard = inode.file();
             if let Some(state) = guard.as_mut() {
-                if state.record.identity.same_version(&self.identity(before)) || state.written {
-                    state.record.identity = self.recorded_identity(after);
+                // `after` was taken before the lock: a write through this node since then
+                // is newer than it. Under the lock the file is looked at again (its own
+                // descriptor: cheap, under the source guard).
+                let now = (state.path_fd.as_ref())
+                    .and_then(|fd| self.source.fstat(fd.as_fd()).ok())
+                    .filter(|now| (now.dev, now.ino) == (after.dev, after.ino))
+                    .unwrap_or(*after);
+                if (data_kept(&now) && state.record.identity.same_version(&self.identity(before)))
+                    || state.written
+                {
+                    state.record.identity = self.recorded_identity(&now);
                     if !state.written {
                         self.persist_record(state, false);
                     }
@@ -1279,7 +1313,7 @@ impl CachingFs {
         if let Ok(Some(Ok(mut rec))) = read_record(&files)
             && !rec.dirty
             && rec.identity.same_version(&self.identity(before))
-            && before.size == after.size
+            && data_kept(after)
         {
             rec.identity = self.recorded_identity(after);
             let _ = write_record(&files, &rec, false);
@@ -1369,7 +1403,7 @@ impl CachingFs {
             .setxattr(&path, name, value, flags)
             .map_err(errno)?;
         if let (Some(b), Ok(a)) = (before.filter(|b| b.is_file()), self.source.stat(&path)) {
-            self.own_change(&path, &b, &a);
+            self.own_change(&path, &b, &a, false);
         }
         Ok(())
     }
@@ -1380,7 +1414,7 @@ impl CachingFs {
         let before = self.source.stat(&path).ok();
         self.source.removexattr(&path, name).map_err(errno)?;
         if let (Some(b), Ok(a)) = (before.filter(|b| b.is_file()), self.source.stat(&path)) {
-            self.own_change(&path, &b, &a);
+            self.own_change(&path, &b, &a, false);
         }
         Ok(())
     }
@@ -1576,12 +1610,13 @@ impl CachingFs {
                 Err(e) => return Err(errno(e)),
             };
         let inode = self.inode(attr.ino.0)?;
-        let st = self.source.fstat(file.as_fd()).map_err(errno)?;
+        let mut st = self.source.fstat(file.as_fd()).map_err(errno)?;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // A new file is fully known: cache it empty and complete.
         {
             let mut guard = inode.file();
             if guard.is_none() {
-                let (mut state, _) = self.load_state(&inode, &path, &st, true);
+                let (mut state, _) = self.load_state(&inode, &path, &mut st, true);
                 state.path_fd = crate::source::dup_file(file.as_fd())
                     .ok()
                     .map(OwnedFd::from);
@@ -1589,9 +1624,9 @@ impl CachingFs {
             }
             let state = guard.as_mut().unwrap();
             state.daemon_opens += 1;
+            state.writers += u32::from(writable);
         }
         let fh = self.new_fh();
-        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.handles.lock().unwrap().insert(
             fh,
             Arc::new(Handle {
@@ -1730,12 +1765,42 @@ impl CachingFs {
         if !st.is_file() {
             return Err(Errno::EINVAL);
         }
+        let mut st = st;
         let mut guard = inode.file();
+        // The stat was taken before the lock: a change made through the mount meanwhile
+        // (another handle's write, recorded under the lock) makes the record newer than
+        // it. Only a source that holds still while looked at again has really changed.
+        // An own change that moves only the ctime (a rename) is waited for, briefly.
+        let look_again = || match &path_fd {
+            Some(fd) => self.source.fstat(fd.as_fd()),
+            None => self.source.stat(&path),
+        };
+        let mut tries = 0;
+        // (A file not open is looked at again by `load_state`, on a mismatch only.)
+        while let Some(state) = guard.as_ref() {
+            let differs =
+                self.stale_check() && !state.written && state.record.identity != self.identity(&st);
+            tries += 1;
+            if !differs || tries > OWN_CHANGE_TRIES {
+                break;
+            }
+            let changing = inode.is_changing();
+            drop(guard);
+            if changing {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let again = look_again().map_err(errno)?;
+            guard = inode.file();
+            if !changing && self.identity(&again) == self.identity(&st) {
+                break;
+            }
+            st = again;
+        }
         let mut fresh = false;
         let mut keep_cache = true;
         match guard.as_mut() {
             None => {
-                let (mut state, reset) = self.load_state(&inode, &path, &st, false);
+                let (mut state, reset) = self.load_state(&inode, &path, &mut st, false);
                 state.path_fd = path_fd;
                 keep_cache = !reset;
                 fresh = true;
@@ -1787,7 +1852,7 @@ impl CachingFs {
                 std::thread::sleep(Duration::from_millis(2));
                 guard = inode.file();
                 if guard.is_none() {
-                    let (state, _) = self.load_state(&inode, &path, &st, false);
+                    let (state, _) = self.load_state(&inode, &path, &mut st, false);
                     *guard = Some(state);
                 }
             }
@@ -1907,6 +1972,7 @@ impl CachingFs {
             FopenFlags::FOPEN_PASSTHROUGH
         } else {
             state.daemon_opens += 1;
+            state.writers += u32::from(writable);
             if keep_cache {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
@@ -1960,6 +2026,7 @@ impl CachingFs {
             path_fd: None,
             daemon_opens: 0,
             passthrough_opens: 0,
+            writers: 0,
             opening: 0,
             backing: Weak::new(),
             unsynced: 0,
@@ -1976,12 +2043,12 @@ impl CachingFs {
         &self,
         inode: &Arc<Inode>,
         path: &Path,
-        st: &Stat,
+        st: &mut Stat,
         new_file: bool,
     ) -> (FileState, bool) {
         let _no_eviction = self.evict_lock.read().unwrap();
         self.loaded.lock().unwrap().insert(inode.id, inode.clone());
-        let identity = self.identity(st);
+        let mut identity = self.identity(st);
         let mut state = self.empty_state(identity);
         let files = match self.cache.open_files(path) {
             Ok(f) => f,
@@ -1998,6 +2065,16 @@ impl CachingFs {
         let mut had_record = true;
         match read_record(&files) {
             Ok(Some(Ok(mut rec))) if !new_file => {
+                // `st` was taken before the caller's lock: a writer that closed since then
+                // left a record of a newer version. Looked at again (only on a mismatch).
+                if !rec.dirty
+                    && rec.identity != identity
+                    && let Ok(now) = self.source.stat(path)
+                    && (now.dev, now.ino) == (st.dev, st.ino)
+                {
+                    *st = now;
+                    identity = self.identity(st);
+                }
                 let matches = !rec.dirty
                     && data_len == Some(rec.identity.size)
                     && (rec.identity == identity
@@ -2155,6 +2232,7 @@ impl CachingFs {
     fn keep_version(&self, inode: &Arc<Inode>, state: &mut FileState, st: &Stat) -> bool {
         let opens = state.daemon_opens + state.passthrough_opens;
         if opens == 0
+            || state.writers > 0
             || !state.complete()
             || state.written
             || state.record.dirty
@@ -2561,6 +2639,9 @@ impl CachingFs {
                 state.passthrough_opens -= 1;
             } else {
                 state.daemon_opens -= 1;
+                if h.writable && !h.writes_to_cache() {
+                    state.writers -= 1;
+                }
             }
         }
         // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).

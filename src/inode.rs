@@ -39,7 +39,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -124,6 +124,19 @@ pub struct Inode {
     /// The birth time of the file this entry stands for, `(0, 0)` until known: tells it
     /// from a later file given the same inode number (`reused_by`).
     btime: Mutex<(i64, u32)>,
+    /// Changes through the mount under way that move the file's ctime but not its data
+    /// (rename, link, chmod, utimens): until each records the new identity, an open or a
+    /// watcher event that sees it must not take it for a change behind the mount.
+    changing: AtomicU32,
+}
+
+/// An own change of an inode under way (`Inode::changing`), ended on drop.
+pub struct OwnChange(Arc<Inode>);
+
+impl Drop for OwnChange {
+    fn drop(&mut self) {
+        self.0.changing.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Inode {
@@ -138,7 +151,19 @@ impl Inode {
             former: Mutex::new(Vec::new()),
             retired: AtomicBool::new(false),
             btime: Mutex::new((0, 0)),
+            changing: AtomicU32::new(0),
         }
+    }
+
+    /// Marks an own change of this file under way until the result is dropped.
+    pub fn own_change(self: &Arc<Self>) -> OwnChange {
+        self.changing.fetch_add(1, Ordering::AcqRel);
+        OwnChange(self.clone())
+    }
+
+    /// Whether an own change is under way (`changing`).
+    pub fn is_changing(&self) -> bool {
+        self.changing.load(Ordering::Acquire) > 0
     }
 
     /// See `retired`: from now on this entry serves only the handles already open.

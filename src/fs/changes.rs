@@ -165,10 +165,28 @@ impl CachingFs {
     /// the same size and mtime is a metadata change (rename, chmod) and the cached data
     /// stays. `None`: the file is not open; `Some(changed)` otherwise.
     fn revalidate_open(&self, inode: &Arc<Inode>, st: &Stat, data_event: bool) -> Option<bool> {
+        let mut st = *st;
         let mut guard = inode.file();
+        // `st` was taken before the lock, and a write through the mount may have been
+        // recorded since: a file that moved on is looked at again (outside the lock).
+        for _ in 0..3 {
+            let state = guard.as_ref()?;
+            if state.written || state.record.identity == self.identity(&st) {
+                break;
+            }
+            drop(guard);
+            let again = self.stat_open(inode);
+            guard = inode.file();
+            match again {
+                Some(again) if self.identity(&again) != self.identity(&st) => st = again,
+                _ => break,
+            }
+        }
+        let st = &st;
         let state = guard.as_mut()?;
         let now = self.identity(st);
         if inode.is_retired()
+            || inode.is_changing()
             || state.written
             || state.record.identity == now
             || !self.coherence.tunables.stale_check.load(Relaxed)

@@ -662,7 +662,7 @@ impl CachingFs {
         if !job.wanted() || !self.online() {
             return dropped();
         }
-        let Ok(st) = self.source.stat(&job.path) else {
+        let Ok(mut st) = self.source.stat(&job.path) else {
             return dropped();
         };
         if !st.is_file() || st.size == 0 || st.size > self.cfg.whole_file_threshold {
@@ -676,7 +676,7 @@ impl CachingFs {
         if guard.is_some() || !job.wanted() {
             return;
         }
-        let (state, _) = self.load_state(&inode, &job.path, &st, false);
+        let (state, _) = self.load_state(&inode, &job.path, &mut st, false);
         let state = guard.insert(state);
         if state.files.is_none() || state.record.is_complete() {
             return self.unload_if_idle(&inode, &mut guard);

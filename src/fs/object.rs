@@ -182,7 +182,7 @@ impl CachingFs {
         }
         let mut guard = inode.file();
         if guard.is_none() {
-            let (state, _) = self.load_state(inode, path, st, false);
+            let (state, _) = self.load_state(inode, path, &mut { *st }, false);
             *guard = Some(state);
         }
         let state = guard.as_mut().unwrap();
@@ -286,7 +286,7 @@ impl CachingFs {
                 }
             } else {
                 drop(guard);
-                self.own_change(&path, &before, &after);
+                self.own_change(&path, &before, &after, attr.mtime.is_some());
             }
         }
         self.pending_attr(inode.id, &mut after);
@@ -297,7 +297,7 @@ impl CachingFs {
         let mut guard = inode.file();
         let opened_here = guard.is_none();
         if opened_here {
-            let (state, _) = self.load_state(inode, path, st, false);
+            let (state, _) = self.load_state(inode, path, &mut { *st }, false);
             *guard = Some(state);
         }
         let state = guard.as_mut().unwrap();
