@@ -81,6 +81,16 @@ pub enum Command {
         #[arg(short = 'j', long, default_value_t = 4)]
         jobs: usize,
     },
+    /// Clear a hoardfs mount whose daemon is dead or hung: abort its FUSE connection and
+    /// detach it (a new mount there does this by itself; the systemd unit runs it after a
+    /// stop). A mount whose daemon answers is left alone.
+    Abort {
+        /// The mount point, or with --config the name of a [mount.NAME] section.
+        mount: PathBuf,
+        /// Read MOUNT's mount point from this config file's [mount.MOUNT] section.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Work with config files.
     Config {
         #[command(subcommand)]

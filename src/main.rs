@@ -41,6 +41,7 @@ fn main() {
             hoardfs::control::request_set(&mountpoint, "online", "on")
         }
         Some(Command::Warm { paths, pin, jobs }) => hoardfs::warm::warm(&paths, pin, jobs),
+        Some(Command::Abort { mount, config }) => abort(&mount, config.as_deref()),
         Some(Command::Config {
             action: ConfigAction::Check { file },
         }) => match hoardfs::config_file::load(&file) {
@@ -70,4 +71,37 @@ fn main() {
         eprintln!("hoardfs: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// `hoardfs abort`: MOUNT is a mount point, or a section of `config` (by name or mount point).
+fn abort(mount: &std::path::Path, config: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use hoardfs::run::MountPoint;
+    let mountpoint = match config {
+        None => mount.to_path_buf(),
+        Some(file) => {
+            let f = hoardfs::config_file::load(file).map_err(anyhow::Error::msg)?;
+            f.select(Some(&mount.to_string_lossy()))
+                .map_err(anyhow::Error::msg)?
+                .mountpoint
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{}: [mount.{}] names no mountpoint",
+                        file.display(),
+                        mount.display()
+                    )
+                })?
+        }
+    };
+    match hoardfs::run::clear_dead_mount(&mountpoint)? {
+        MountPoint::Free => println!("{}: no hoardfs mount there", mountpoint.display()),
+        MountPoint::Answers { mountpoint, source } => println!(
+            "{}: a hoardfs mount of {source} whose daemon answers: left alone",
+            mountpoint.display()
+        ),
+        MountPoint::Cleared => println!(
+            "{}: its daemon did not answer; connection aborted and mount detached",
+            mountpoint.display()
+        ),
+    }
+    Ok(())
 }

@@ -42,29 +42,55 @@ pub fn mount(cfg: Config) -> anyhow::Result<()> {
 /// One hoardfs mount per mount point: a mount point that holds one whose daemon answers is
 /// refused; one whose daemon is dead or hung (killed -9 while stuck in the kernel, stopped)
 /// is cleared (its FUSE connection aborted, the mount detached) so that mounting again
-/// needs no hand. Read from mountinfo, never by a stat through the old mount (it would
-/// hang or fail with ENOTCONN).
+/// needs no hand.
 fn take_over_mountpoint(mountpoint: &std::path::Path) -> anyhow::Result<()> {
+    match clear_dead_mount(mountpoint)? {
+        MountPoint::Answers { mountpoint, source } => anyhow::bail!(
+            "{} is already a hoardfs mount (of {source}) and its daemon answers: unmount it first",
+            mountpoint.display(),
+        ),
+        MountPoint::Free | MountPoint::Cleared => Ok(()),
+    }
+}
+
+/// What `clear_dead_mount` found at a mount point.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MountPoint {
+    /// No hoardfs mount there.
+    Free,
+    /// A hoardfs mount whose daemon answers its control socket: left as it is.
+    Answers {
+        mountpoint: std::path::PathBuf,
+        source: String,
+    },
+    /// A hoardfs mount whose daemon was dead or hung: its connection aborted, detached.
+    Cleared,
+}
+
+/// Clears the hoardfs mount at `mountpoint` if its daemon is dead or hung (what a new mount
+/// there does first, and `hoardfs abort` after a systemd stop). Read from mountinfo, never
+/// by a stat through the old mount (it would hang or fail with ENOTCONN).
+pub fn clear_dead_mount(mountpoint: &std::path::Path) -> anyhow::Result<MountPoint> {
     let Ok(abs) = crate::mounts::lexical_absolute(mountpoint) else {
-        return Ok(());
+        return Ok(MountPoint::Free);
     };
     let Some(old) = crate::mounts::mount_at(&abs) else {
-        return Ok(());
+        return Ok(MountPoint::Free);
     };
     match crate::control::probe(&old, Duration::from_secs(2)) {
-        crate::control::Liveness::Answers(_) => anyhow::bail!(
-            "{} is already a hoardfs mount (of {}) and its daemon answers: unmount it first",
-            abs.display(),
-            old.source
-        ),
+        crate::control::Liveness::Answers(_) => Ok(MountPoint::Answers {
+            mountpoint: abs,
+            source: old.source,
+        }),
         state => {
             tracing::warn!(
                 mountpoint = %abs.display(),
                 connection = old.connection,
-                "the hoardfs mount already there does not answer ({state:?}): aborting its \
-                 FUSE connection and detaching it"
+                "the hoardfs mount there does not answer ({state:?}): aborting its FUSE \
+                 connection and detaching it"
             );
-            crate::mounts::clear(&old)
+            crate::mounts::clear(&old)?;
+            Ok(MountPoint::Cleared)
         }
     }
 }

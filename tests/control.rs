@@ -239,3 +239,55 @@ fn commands_take_any_path_inside_the_mount() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
 }
+
+/// `hoardfs abort`, which the systemd unit runs after a stop (ExecStopPost): a mount whose
+/// daemon answers is left alone; one whose daemon hangs (stopped) is aborted and detached,
+/// by mount point or by the config file's section name as the unit gives it, and its
+/// daemon, resumed, can die.
+#[test]
+fn abort_clears_a_hung_mount_and_leaves_a_live_one() {
+    let mut m = TestMount::new(&[]);
+    std::fs::write(m.s("f"), b"one").unwrap();
+    assert_eq!(std::fs::read(m.m("f")).unwrap(), b"one");
+    let abort = |args: &[&str]| {
+        let out = Command::new(BIN).arg("abort").args(args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    let said = abort(&[&mnt]);
+    assert!(said.contains("left alone"), "{said}");
+    assert!(is_mounted(&m.mnt));
+    assert_eq!(std::fs::read(m.m("f")).unwrap(), b"one");
+
+    let config = m.base().join("hoardfs.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mount.media]\nsource = {:?}\nmountpoint = {mnt:?}\n",
+            m.src.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let pid = m.pid().to_string();
+    let mut old = m.take_daemon();
+    Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let said = abort(&["--config", config.to_str().unwrap(), "media"]);
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    assert!(said.contains("connection aborted"), "{said}");
+    assert_eq!(
+        hoardfs_mounts_at(&m.mnt),
+        0,
+        "the hung mount is still there"
+    );
+    let t0 = Instant::now();
+    while old.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the old daemon did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let said = abort(&[&mnt]);
+    assert!(said.contains("no hoardfs mount there"), "{said}");
+}
