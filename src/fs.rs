@@ -2088,13 +2088,16 @@ impl CachingFs {
                 }
             }
             Ok(Some(Err(crate::cache::record::RecordError::DataChanged)))
-                if crate::cache::store::read_record_unchecked(&files.meta)
-                    .is_ok_and(|r| matches!(r, Some(Ok(r)) if r.present_count() == 0)) =>
+                if crate::cache::store::read_record_unchecked(&files.meta).is_ok_and(|r| {
+                    matches!(r, Some(Ok(r)) if r.present_count() == 0
+                        || files.data.metadata().is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) != r.data.ino))
+                }) =>
             {
-                // A record that claims nothing: its data file is being fetched into by
-                // another open of an older or newer version (a file replaced behind the
-                // mount), not damaged.
-                tracing::debug!(?path, "empty cache record of another data file");
+                // A record that claims nothing, or one written for another data file: the
+                // entry is being refilled by another open of an older or newer version (a
+                // file replaced behind the mount, `replace_data`), not damaged. Discarded
+                // all the same, quietly.
+                tracing::debug!(?path, "cache record of another data file");
                 Stats::add(&self.stats.cache.stale_invalidations, 1);
             }
             Ok(Some(Err(e))) => {
@@ -2347,7 +2350,16 @@ impl CachingFs {
     /// in the cache directory): nothing of it is vouched for any more. The record is
     /// emptied (durably), so every chunk is fetched again; nothing is stamped as valid.
     fn discard_foreign_data(&self, state: &mut FileState) {
-        tracing::warn!("a cache data file was changed behind hoardfs's back; refetching it");
+        let now = state
+            .files
+            .as_ref()
+            .and_then(|f| fstat(f.data.as_fd()).ok())
+            .map(|st| DataIdentity::of(&st));
+        tracing::warn!(
+            own = ?state.fetch.own(),
+            ?now,
+            "a cache data file was changed behind hoardfs's back; refetching it"
+        );
         Stats::add(&self.stats.cache.corrupt_records, 1);
         state.fetch.invalidate();
         state.record = CacheRecord::empty(state.record.identity, state.record.chunk_size);

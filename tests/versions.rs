@@ -513,3 +513,54 @@ fn a_clean_never_punches_the_data_file_of_an_open_replaced_file() {
     );
     check("held after a clean", &read_whole(&held, old.len()), &old);
 }
+
+/// Issue 20, case 2: a change the watcher cannot see, a write through a hard link that
+/// lives outside the source tree (inotify watches names, not inodes). A handle held
+/// across it, whole in the cache, keeps the old bytes until it closes; every open after
+/// the change reads the new version with no error (before: the held handle stayed old,
+/// and new opens of a chunked file failed with EIO), twenty times over, for a chunked
+/// file held through passthrough and a small one fetched whole.
+#[test]
+fn writes_through_a_hard_link_outside_the_source_are_found_by_the_next_open() {
+    let t = TestMount::new(&["--whole-file-threshold", "1M", "--chunk-size", "256K"]);
+    let outside = t.base().join("outside");
+    fs::create_dir(&outside).unwrap();
+    for (name, size) in [("big", 3 << 20), ("small", 100 << 10)] {
+        let mut cur = pattern(size, 7);
+        fs::write(t.s(name), &cur).unwrap();
+        fs::hard_link(t.s(name), outside.join(name)).unwrap();
+        for round in 0..20u64 {
+            check("before", &fs::read(t.m(name)).unwrap(), &cur);
+            let held = File::open(t.m(name)).unwrap();
+            let mut next = cur.clone();
+            let at = (round as usize * 104_729) % (size - 16);
+            let patch = pattern(16, round + 1000);
+            next[at..at + 16].copy_from_slice(&patch);
+            OpenOptions::new()
+                .write(true)
+                .open(outside.join(name))
+                .unwrap()
+                .write_all_at(&patch, at as u64)
+                .unwrap();
+            let after = fs::read(t.m(name))
+                .unwrap_or_else(|e| panic!("{name}, round {round}: an open after: {e}"));
+            check(
+                &format!("{name}, round {round}: an open after"),
+                &after,
+                &next,
+            );
+            check(
+                &format!("{name}, round {round}: the held handle"),
+                &read_whole(&held, size),
+                &cur,
+            );
+            drop(held);
+            cur = next;
+        }
+    }
+    assert!(
+        t.stats().cache.passthrough_opens >= 1,
+        "{:?}",
+        t.stats().cache
+    );
+}
