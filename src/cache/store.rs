@@ -414,15 +414,18 @@ pub fn private_file(
     // Non-blocking: opening a planted FIFO must not hang the daemon.
     let flags = (flags - OFlags::TRUNC - OFlags::EXCL) | OFlags::CREATE | OFlags::NONBLOCK;
     let shown = tree.root_path().join(rel);
-    for attempt in 0..3 {
-        let excl = if attempt > 0 {
-            OFlags::EXCL
-        } else {
-            OFlags::empty()
-        };
+    // After a removal the file is made anew, exclusively.
+    let mut excl = OFlags::empty();
+    for _ in 0..3 {
         let why = match tree.openat(rel, flags | excl, 0o600) {
             Ok(fd) => {
                 let st = fstat(fd.as_fd())?;
+                if st.nlink == 0 && st.mode & libc::S_IFMT == libc::S_IFREG {
+                    // Replaced under us (a new version renamed over the name,
+                    // `replace_data`) between the open and the fstat: the name leads to
+                    // that new file now, which must not be removed. Open it again.
+                    continue;
+                }
                 if is_ours(&st, false) {
                     if st.mode & 0o7077 != 0 {
                         rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))
@@ -463,6 +466,7 @@ pub fn private_file(
         };
         tracing::warn!("{}: {why}: replacing it", shown.display());
         remove_tree(tree, rel)?;
+        excl = OFlags::EXCL;
     }
     Err(io::Error::from_raw_os_error(libc::EEXIST))
 }
@@ -816,6 +820,44 @@ mod tests {
             0o755,
             "the directory outside was chmodded"
         );
+    }
+
+    /// An open of the data file that races a new version renamed over its name (another
+    /// open of a file replaced behind the mount) may find the old file with no links left:
+    /// it must open the name again, never remove it (that would unlink the new version's
+    /// file under its owner).
+    #[test]
+    fn an_open_racing_replace_data_never_removes_the_new_file() {
+        let c = tempfile::tempdir().unwrap();
+        let s = std::sync::Arc::new(CacheStore::open(c.path()).unwrap());
+        s.open_files(Path::new("f")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opener = {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    s.open_files(Path::new("f")).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let mut unlinked = 0;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(2) {
+            let new = s.replace_data(Path::new("f"), 10).unwrap();
+            // Another's removal comes right after its open saw the old file.
+            std::thread::yield_now();
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            if fstat(new.as_fd()).unwrap().nlink == 0 {
+                unlinked += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let opens = opener.join().unwrap();
+        assert!(opens > 100, "{opens} opens");
+        assert_eq!(unlinked, 0, "new data files unlinked by a racing open");
     }
 
     #[test]
