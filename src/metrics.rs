@@ -1,18 +1,29 @@
 //! Prometheus metrics (`--metrics-addr HOST:PORT`): the counters of `hoardfs stats` and a
-//! latency histogram per request type, in the text exposition format at `/metrics`.
+//! latency histogram per request type, in the Prometheus text exposition format (0.0.4)
+//! at `/metrics`.
+//!
+//! The exposition is written by the `prometheus-client` crate: a [`Collector`] reads the
+//! daemon's own counters ([`Stats`], [`Snapshot`]) on each scrape and hands them to the
+//! crate's encoder as constant metrics, so no value is stored twice.
 //!
 //! The server is a tiny HTTP/1.1 responder on one thread: one request per connection,
 //! read and write timeouts, a bounded request head. A scraper that misbehaves can stall
 //! only the next scrape, never the file system. Every name is listed in docs/METRICS.md
 //! (a test checks that each rendered name is there).
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet, prometheus_text};
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge, Histogram, Info};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::stats::{CacheSnapshot, LATENCY_BUCKETS, Op, Snapshot, Stats};
 
@@ -44,12 +55,13 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 /// Serves scrapes on a thread until the process exits; returns the bound address.
 pub fn serve(listener: TcpListener, source: Arc<dyn Source>) -> anyhow::Result<SocketAddr> {
     let bound = listener.local_addr()?;
+    let registry = registry(source);
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                if let Err(e) = answer(conn, source.as_ref()) {
+                if let Err(e) = answer(conn, &registry) {
                     tracing::debug!("metrics request: {e}");
                 }
             }
@@ -58,7 +70,7 @@ pub fn serve(listener: TcpListener, source: Arc<dyn Source>) -> anyhow::Result<S
     Ok(bound)
 }
 
-fn answer(mut conn: TcpStream, source: &dyn Source) -> std::io::Result<()> {
+fn answer(mut conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
     conn.set_read_timeout(Some(IO_TIMEOUT))?;
     conn.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut head = Vec::with_capacity(512);
@@ -79,14 +91,9 @@ fn answer(mut conn: TcpStream, source: &dyn Source) -> std::io::Result<()> {
     let path = path.split('?').next().unwrap_or("");
     match (method, path) {
         ("GET" | "HEAD", "/metrics") => {
-            let body = render(&source.snapshot(), source.stats());
+            let body = render(registry);
             let body = if method == "HEAD" { "" } else { body.as_str() };
-            respond(
-                &mut conn,
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                body,
-            )
+            respond(&mut conn, "200 OK", prometheus_text::CONTENT_TYPE, body)
         }
         ("GET" | "HEAD", "/") => respond(
             &mut conn,
@@ -118,368 +125,384 @@ fn respond(conn: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::
     conn.flush()
 }
 
-/// Escapes a label value (backslash, quote, newline), as the text format requires.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The registry the endpoint encodes: one collector, reading `source` on each scrape.
+fn registry(source: Arc<dyn Source>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape(source)));
+    registry
 }
 
-struct Out(String);
+/// The whole exposition for one scrape, in the Prometheus text format (0.0.4).
+fn render(registry: &Registry) -> String {
+    let mut text = String::with_capacity(64 << 10);
+    prometheus_text::encode(&mut text, registry).expect("writing to a String cannot fail");
+    text
+}
 
-impl Out {
-    fn header(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {help}");
-        let _ = writeln!(self.0, "# TYPE {name} {kind}");
-    }
-    fn one(&mut self, name: &str, kind: &str, help: &str, v: u64) {
-        self.header(name, kind, help);
-        let _ = writeln!(self.0, "{name} {v}");
+/// Reads the daemon's counters when scraped; keeps no values of its own.
+struct Scrape(Arc<dyn Source>);
+
+impl fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Scrape")
     }
 }
 
-/// The whole exposition for one scrape.
-pub fn render(snap: &Snapshot, stats: &Stats) -> String {
-    let mut o = Out(String::with_capacity(64 << 10));
-    o.header(
-        "hoardfs_info",
-        "gauge",
-        "Constant 1; labels describe the mount.",
-    );
-    let _ = writeln!(
-        o.0,
-        "hoardfs_info{{version=\"{}\",source=\"{}\",mountpoint=\"{}\",cache_dir=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION"),
-        label(&snap.source),
-        label(&snap.mountpoint),
-        label(&snap.cache_dir)
-    );
-
-    o.header(
-        "hoardfs_requests_total",
-        "counter",
-        "FUSE requests that reached the daemon, by operation.",
-    );
-    for op in Op::ALL {
-        let _ = writeln!(
-            o.0,
-            "hoardfs_requests_total{{op=\"{}\"}} {}",
-            op.name(),
-            stats.op_count(*op)
-        );
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        encode(&mut e, &self.0.snapshot(), self.0.stats())
     }
-    o.header(
-        "hoardfs_request_duration_seconds",
-        "histogram",
-        "Time the daemon spent handling a request, by operation.",
-    );
-    for op in Op::ALL {
-        let (buckets, sum_us) = stats.latency[*op as usize].snapshot();
-        let mut cumulative = 0;
-        for (k, n) in buckets.iter().enumerate().take(LATENCY_BUCKETS) {
-            cumulative += n;
-            let le = (1u64 << k) as f64 / 1e6;
-            let _ = writeln!(
-                o.0,
-                "hoardfs_request_duration_seconds_bucket{{op=\"{}\",le=\"{le}\"}} {cumulative}",
-                op.name()
-            );
+}
+
+/// The crate builds a scraped name from a base, a unit and the type's suffix (`_total`
+/// for a counter, `_info` for an info): takes a name as scraped (as listed in
+/// docs/METRICS.md) apart into those.
+fn descriptor(name: &str, kind: MetricType) -> (&str, Option<Unit>) {
+    let suffix = match kind {
+        Counter => "_total",
+        Info => "_info",
+        _ => "",
+    };
+    let name = name
+        .strip_suffix(suffix)
+        .unwrap_or_else(|| panic!("a {} name ends in {suffix}: {name}", kind.as_str()));
+    for (unit_suffix, unit) in [("_bytes", Unit::Bytes), ("_seconds", Unit::Seconds)] {
+        if let Some(base) = name.strip_suffix(unit_suffix) {
+            return (base, Some(unit));
         }
-        let count = cumulative + buckets[LATENCY_BUCKETS];
-        let _ = writeln!(
-            o.0,
-            "hoardfs_request_duration_seconds_bucket{{op=\"{}\",le=\"+Inf\"}} {count}",
-            op.name()
-        );
-        let _ = writeln!(
-            o.0,
-            "hoardfs_request_duration_seconds_sum{{op=\"{}\"}} {}",
-            op.name(),
-            sum_us as f64 / 1e6
-        );
-        let _ = writeln!(
-            o.0,
-            "hoardfs_request_duration_seconds_count{{op=\"{}\"}} {count}",
-            op.name()
-        );
+    }
+    (name, None)
+}
+
+/// One counter or gauge without labels.
+fn one(e: &mut DescriptorEncoder, name: &str, kind: MetricType, help: &str, v: u64) -> fmt::Result {
+    let (base, unit) = descriptor(name, kind);
+    let m = e.encode_descriptor(base, help, unit.as_ref(), kind)?;
+    match kind {
+        Counter => ConstCounter::new(v).encode(m),
+        _ => ConstGauge::new(v).encode(m),
+    }
+}
+
+fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Result {
+    let (base, _) = descriptor("hoardfs_info", Info);
+    e.encode_descriptor(base, "Constant 1; labels describe the mount.", None, Info)?
+        .encode_info(&[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("source", &snap.source),
+            ("mountpoint", &snap.mountpoint),
+            ("cache_dir", &snap.cache_dir),
+        ])?;
+
+    let (base, unit) = descriptor("hoardfs_requests_total", Counter);
+    let mut m = e.encode_descriptor(
+        base,
+        "FUSE requests that reached the daemon, by operation.",
+        unit.as_ref(),
+        Counter,
+    )?;
+    for op in Op::ALL {
+        ConstCounter::new(stats.op_count(*op)).encode(m.encode_family(&[("op", op.name())])?)?;
+    }
+
+    let (base, unit) = descriptor("hoardfs_request_duration_seconds", Histogram);
+    let mut m = e.encode_descriptor(
+        base,
+        "Time the daemon spent handling a request, by operation.",
+        unit.as_ref(),
+        Histogram,
+    )?;
+    for op in Op::ALL {
+        // Per-bucket counts, bounds 2^k µs; the crate makes them cumulative and adds the
+        // +Inf bucket (the overflow bucket is in `count` only).
+        let (counts, sum_us) = stats.latency[*op as usize].snapshot();
+        let buckets: Vec<(f64, u64)> = (0..LATENCY_BUCKETS)
+            .map(|k| ((1u64 << k) as f64 / 1e6, counts[k]))
+            .collect();
+        m.encode_family(&[("op", op.name())])?
+            .encode_histogram::<NoLabelSet>(
+                sum_us as f64 / 1e6,
+                counts.iter().sum(),
+                &buckets,
+                None,
+            )?;
     }
 
     // Cache counters are rendered from the counter table itself, so a counter added to
     // `stats.rs` shows up here (and the docs test asks for its line in METRICS.md).
     for ((name, v), (_, help)) in snap.cache.rows().into_iter().zip(CacheSnapshot::DOCS) {
         let help = format!("{}{}.", help[..1].to_uppercase(), &help[1..]);
-        o.one(&format!("hoardfs_{name}_total"), "counter", &help, v);
+        one(e, &format!("hoardfs_{name}_total"), Counter, &help, v)?;
     }
 
-    o.one(
-        "hoardfs_cache_bytes",
-        "gauge",
-        "Bytes of cached data (allocated blocks of the data files).",
-        snap.cache_bytes,
-    );
-    o.one(
-        "hoardfs_cache_files",
-        "gauge",
-        "Files with cached data.",
-        snap.cache_files,
-    );
     let c = &snap.cleaner;
+    let t = &snap.inode_table;
+    let hs = &snap.health;
+    let h = &snap.coherence;
     for (name, kind, help, v) in [
         (
+            "hoardfs_cache_bytes",
+            Gauge,
+            "Bytes of cached data (allocated blocks of the data files).",
+            snap.cache_bytes,
+        ),
+        (
+            "hoardfs_cache_files",
+            Gauge,
+            "Files with cached data.",
+            snap.cache_files,
+        ),
+        (
             "hoardfs_cache_limit_bytes",
-            "gauge",
+            Gauge,
             "The cache's size limit.",
             c.limit_bytes,
         ),
         (
             "hoardfs_cache_high_watermark_bytes",
-            "gauge",
+            Gauge,
             "The cleaner starts above this usage.",
             c.high_watermark_bytes,
         ),
         (
             "hoardfs_cache_low_watermark_bytes",
-            "gauge",
+            Gauge,
             "The cleaner cleans down to this usage.",
             c.low_watermark_bytes,
         ),
         (
             "hoardfs_cache_min_free_bytes",
-            "gauge",
+            Gauge,
             "Free space kept on the cache's file system.",
             c.min_free_bytes,
         ),
         (
             "hoardfs_cache_pinned_bytes",
-            "gauge",
+            Gauge,
             "Cached bytes of pinned files.",
             c.pinned_bytes,
         ),
         (
             "hoardfs_cleaner_runs_total",
-            "counter",
+            Counter,
             "Cleaner passes that evicted or tried to.",
             c.cleans,
         ),
         (
             "hoardfs_evicted_files_total",
-            "counter",
+            Counter,
             "Files evicted whole.",
             c.evicted_files,
         ),
         (
             "hoardfs_evicted_chunks_total",
-            "counter",
+            Counter,
             "Chunks evicted from partially kept files.",
             c.evicted_chunks,
         ),
         (
             "hoardfs_evicted_bytes_total",
-            "counter",
+            Counter,
             "Bytes freed by eviction.",
             c.evicted_bytes,
         ),
         (
             "hoardfs_chunks_not_cached_when_full_total",
-            "counter",
+            Counter,
             "Fetches served from the source without caching, the cache being full.",
             c.chunks_not_cached_when_full,
         ),
-    ] {
-        o.one(name, kind, help, v);
-    }
-
-    o.one(
-        "hoardfs_open_handles",
-        "gauge",
-        "Open file and directory handles.",
-        snap.open_handles,
-    );
-    let t = &snap.inode_table;
-    for (name, kind, help, v) in [
+        (
+            "hoardfs_open_handles",
+            Gauge,
+            "Open file and directory handles.",
+            snap.open_handles,
+        ),
         (
             "hoardfs_inodes",
-            "gauge",
+            Gauge,
             "Entries in the inode table (referenced plus free).",
             t.entries,
         ),
         (
             "hoardfs_inodes_referenced",
-            "gauge",
+            Gauge,
             "Inode-table entries the kernel holds.",
             t.referenced,
         ),
         (
             "hoardfs_inodes_free",
-            "gauge",
+            Gauge,
             "Inode-table entries on the free list.",
             t.free,
         ),
         (
             "hoardfs_inodes_max",
-            "gauge",
+            Gauge,
             "Soft maximum of the inode table.",
             t.max_inodes,
         ),
         (
             "hoardfs_inode_allocations_total",
-            "counter",
+            Counter,
             "Inode-table entries allocated.",
             t.allocations,
         ),
         (
             "hoardfs_inode_frees_total",
-            "counter",
+            Counter,
             "Inode-table entries freed.",
             t.frees,
         ),
         (
             "hoardfs_inode_reuses_total",
-            "counter",
+            Counter,
             "Lookups that revived a free entry.",
             t.reuses,
         ),
         (
             "hoardfs_inode_lookups_total",
-            "counter",
+            Counter,
             "Lookups served by the inode table.",
             t.lookups,
         ),
         (
             "hoardfs_inode_misses_after_free_total",
-            "counter",
+            Counter,
             "New entries for an object freed recently.",
             t.misses_after_free,
         ),
         (
             "hoardfs_inode_invalidations_total",
-            "counter",
+            Counter,
             "Entries the kernel was asked to drop (over the soft maximum).",
             t.invalidations,
         ),
-    ] {
-        o.one(name, kind, help, v);
-    }
-    let hs = &snap.health;
-    for (name, kind, help, v) in [
         (
             "hoardfs_source_online",
-            "gauge",
+            Gauge,
             "1 while the source answers; 0 in disconnected mode.",
             hs.online as u64,
         ),
         (
             "hoardfs_source_timeouts_total",
-            "counter",
+            Counter,
             "Source calls that ran past the source timeout.",
             hs.timeouts,
         ),
         (
             "hoardfs_source_stuck_calls",
-            "gauge",
+            Gauge,
             "Source calls still running past their timeout.",
             hs.stuck_calls,
         ),
         (
             "hoardfs_offline_switches_total",
-            "counter",
+            Counter,
             "Switches to disconnected mode.",
             hs.went_offline,
         ),
         (
             "hoardfs_offline_requests_total",
-            "counter",
+            Counter,
             "Requests answered from the cache, or refused, while offline.",
             hs.offline_requests,
         ),
         (
             "hoardfs_offline_log_pending",
-            "gauge",
+            Gauge,
             "Changes made offline not yet replayed to the source.",
             hs.log_pending,
         ),
         (
             "hoardfs_offline_log_replayed_total",
-            "counter",
+            Counter,
             "Offline changes replayed to the source.",
             hs.log_replayed,
         ),
         (
             "hoardfs_reintegration_conflicts_total",
-            "counter",
+            Counter,
             "Conflicts met replaying offline changes (both versions kept).",
             hs.conflicts,
         ),
-    ] {
-        o.one(name, kind, help, v);
-    }
-    let h = &snap.coherence;
-    for (name, kind, help, v) in [
         (
             "hoardfs_watcher_active",
-            "gauge",
+            Gauge,
             "1 if the source watcher reports changes made behind the mount.",
             h.watching as u64,
         ),
         (
             "hoardfs_watched_dirs",
-            "gauge",
+            Gauge,
             "Source directories watched.",
             h.watched_dirs,
         ),
         (
             "hoardfs_watcher_events_total",
-            "counter",
+            Counter,
             "inotify events received from the source.",
             h.watcher_events,
         ),
         (
             "hoardfs_watcher_overflows_total",
-            "counter",
+            Counter,
             "Times the watcher lost events and invalidated everything.",
             h.watcher_overflows,
         ),
         (
             "hoardfs_source_changes_total",
-            "counter",
+            Counter,
             "Changes made behind the mount that invalidated cached data.",
             h.changes_detected,
         ),
         (
             "hoardfs_kernel_inval_inode_total",
-            "counter",
+            Counter,
             "Kernel notifications dropping attributes, data or listings.",
             h.inval_inode,
         ),
         (
             "hoardfs_kernel_inval_entry_total",
-            "counter",
+            Counter,
             "Kernel notifications dropping names.",
             h.inval_entry,
         ),
         (
             "hoardfs_leases_active",
-            "gauge",
+            Gauge,
             "Validation leases held by open files (sources without a watcher).",
             h.leases_active,
         ),
         (
             "hoardfs_leases_expired_total",
-            "counter",
+            Counter,
             "Leases expired and revalidated against the source.",
             h.leases_expired,
         ),
     ] {
-        o.one(name, kind, help, v);
+        one(e, name, kind, help, v)?;
     }
-    o.0
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> (Snapshot, Stats) {
+    /// A source with a fixed snapshot and live counters.
+    struct Fixed(Snapshot, Stats);
+
+    impl Source for Fixed {
+        fn snapshot(&self) -> Snapshot {
+            self.0.clone()
+        }
+        fn stats(&self) -> &Stats {
+            &self.1
+        }
+    }
+
+    fn sample() -> Arc<Fixed> {
         let stats = Stats::default();
         drop(stats.start(Op::Read));
         drop(stats.start(Op::Read));
@@ -488,13 +511,16 @@ mod tests {
             ..Default::default()
         };
         snap.cache.bytes_from_source = 42;
-        (snap, stats)
+        Arc::new(Fixed(snap, stats))
+    }
+
+    fn scrape(source: Arc<Fixed>) -> String {
+        render(&registry(source))
     }
 
     #[test]
     fn exposition_is_well_formed() {
-        let (snap, stats) = sample();
-        let text = render(&snap, &stats);
+        let text = scrape(sample());
         assert!(text.contains("hoardfs_requests_total{op=\"read\"} 2\n"));
         assert!(text.contains("hoardfs_request_duration_seconds_count{op=\"read\"} 2\n"));
         assert!(
@@ -502,13 +528,21 @@ mod tests {
         );
         assert!(text.contains("hoardfs_bytes_from_source_total 42\n"));
         assert!(text.contains("mountpoint=\"/mnt/a \\\"b\\\"\""));
-        // Every sample line belongs to a family declared with # TYPE before it.
+        assert!(text.contains("# TYPE hoardfs_info gauge\n"));
+        assert!(text.contains("# TYPE hoardfs_cache_bytes gauge\n"));
+        assert!(text.contains("# HELP hoardfs_evicted_bytes_total Bytes freed by eviction.\n"));
+        // Every sample line belongs to a family declared with # HELP and # TYPE before it.
+        let mut helped = std::collections::HashSet::new();
         let mut declared = std::collections::HashSet::new();
         for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                helped.insert(rest.split(' ').next().unwrap().to_string());
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let name = rest.split(' ').next().unwrap();
+                assert!(helped.contains(name), "{name} has no # HELP");
                 assert!(declared.insert(name.to_string()), "{name} declared twice");
-            } else if !line.starts_with('#') {
+            } else {
+                assert!(!line.starts_with('#'), "{line:?}");
                 let name = line.split(['{', ' ']).next().unwrap();
                 let family = ["_bucket", "_sum", "_count"]
                     .iter()
@@ -523,46 +557,64 @@ mod tests {
 
     #[test]
     fn histogram_buckets_are_cumulative() {
-        let (snap, stats) = sample();
-        let text = render(&snap, &stats);
-        let counts: Vec<u64> = text
+        let text = scrape(sample());
+        let (bounds, counts): (Vec<f64>, Vec<u64>) = text
             .lines()
-            .filter(|l| l.starts_with("hoardfs_request_duration_seconds_bucket{op=\"read\""))
-            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
-            .collect();
+            .filter_map(|l| l.strip_prefix("hoardfs_request_duration_seconds_bucket{op=\"read\","))
+            .map(|l| {
+                let (le, n) = l.split_once("} ").unwrap();
+                let le = le.strip_prefix("le=\"").unwrap().strip_suffix('"').unwrap();
+                (le.parse::<f64>().unwrap(), n.parse::<u64>().unwrap())
+            })
+            .unzip();
         assert_eq!(counts.len(), LATENCY_BUCKETS + 1);
         assert!(counts.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(*counts.last().unwrap(), 2);
+        // Bounds: 2^k µs, then +Inf.
+        for (k, le) in bounds.iter().take(LATENCY_BUCKETS).enumerate() {
+            assert_eq!(*le, (1u64 << k) as f64 / 1e6);
+        }
+        assert_eq!(bounds[LATENCY_BUCKETS], f64::INFINITY);
+    }
+
+    #[test]
+    fn scrapes_read_the_counters_live() {
+        let source = sample();
+        let registry = registry(source.clone());
+        assert!(render(&registry).contains("hoardfs_requests_total{op=\"read\"} 2\n"));
+        drop(source.1.start(Op::Read));
+        source.1.latency[Op::Read as usize].record(Duration::from_secs(3600));
+        let text = render(&registry);
+        assert!(text.contains("hoardfs_requests_total{op=\"read\"} 3\n"));
+        // An hour is above every bound: counted in +Inf and _count only.
+        assert!(text.contains("{op=\"read\",le=\"16.777216\"} 3\n"));
+        assert!(text.contains("{op=\"read\",le=\"+Inf\"} 4\n"));
+        assert!(text.contains("hoardfs_request_duration_seconds_count{op=\"read\"} 4\n"));
     }
 
     #[test]
     fn every_metric_is_documented() {
         let doc = include_str!("../docs/METRICS.md");
-        let (snap, stats) = sample();
-        for line in render(&snap, &stats).lines() {
+        let text = scrape(sample());
+        let mut names = 0;
+        for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let name = rest.split(' ').next().unwrap();
+                names += 1;
                 assert!(
                     doc.contains(&format!("`{name}`")),
                     "{name} is not listed in docs/METRICS.md"
                 );
             }
         }
+        assert!(names > 50, "only {names} metrics rendered");
     }
 
     #[test]
     fn the_endpoint_answers_http() {
-        struct Fake(Stats);
-        impl Source for Fake {
-            fn snapshot(&self) -> Snapshot {
-                Snapshot::default()
-            }
-            fn stats(&self) -> &Stats {
-                &self.0
-            }
-        }
         let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = serve(listener, Arc::new(Fake(Stats::default()))).unwrap();
+        let source = Arc::new(Fixed(Snapshot::default(), Stats::default()));
+        let addr = serve(listener, source).unwrap();
         let get = |req: &str| {
             let mut c = TcpStream::connect(addr).unwrap();
             c.write_all(req.as_bytes()).unwrap();
@@ -575,6 +627,7 @@ mod tests {
         assert!(ok.contains("hoardfs_requests_total{op=\"lookup\"} 0"));
         let (head, body) = ok.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("Content-Length: {}", body.len())));
+        assert!(head.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8"));
         assert!(get("GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
     }
