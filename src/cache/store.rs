@@ -416,14 +416,16 @@ pub fn private_file(
     let shown = tree.root_path().join(rel);
     // After a removal the file is made anew, exclusively.
     let mut excl = OFlags::empty();
-    for _ in 0..3 {
+    let (mut removed, mut raced) = (0, 0);
+    while removed < 3 {
         let why = match tree.openat(rel, flags | excl, 0o600) {
             Ok(fd) => {
                 let st = fstat(fd.as_fd())?;
-                if st.nlink == 0 && st.mode & libc::S_IFMT == libc::S_IFREG {
+                if st.nlink == 0 && st.mode & libc::S_IFMT == libc::S_IFREG && raced < 1000 {
                     // Replaced under us (a new version renamed over the name,
                     // `replace_data`) between the open and the fstat: the name leads to
                     // that new file now, which must not be removed. Open it again.
+                    raced += 1;
                     continue;
                 }
                 if is_ours(&st, false) {
@@ -467,6 +469,7 @@ pub fn private_file(
         tracing::warn!("{}: {why}: replacing it", shown.display());
         remove_tree(tree, rel)?;
         excl = OFlags::EXCL;
+        removed += 1;
     }
     Err(io::Error::from_raw_os_error(libc::EEXIST))
 }
@@ -620,6 +623,12 @@ pub fn scratch_file() -> io::Result<File> {
 
 /// `mkdir -p` beneath `tree`, replacing any non-directory in the way (it is stale cache).
 fn mkdir_p(tree: &BeneathRoot, rel: &Path) -> io::Result<()> {
+    // Nearly always there already: one lookup (beneath the root, no symlink followed)
+    // instead of a mkdir and a stat per component (issue 22: 8 failed mkdirs per file
+    // created through the mount).
+    if tree.stat(rel).is_ok_and(|st| st.is_dir()) {
+        return Ok(());
+    }
     let mut cur = PathBuf::new();
     for c in rel.components() {
         cur.push(c);
