@@ -2117,7 +2117,10 @@ impl CachingFs {
         state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
         state.files = Some(files);
         if reset {
-            self.reset_as(&mut state, st, had_record || new_file, Some(path));
+            // A file just created included: with no record before it, no crash can pair
+            // its data file with a record that claims bytes (a later write marks the
+            // record dirty durably, `mark_written`).
+            self.reset_as(&mut state, st, had_record, Some(path));
         } else {
             // As read_record found it: what the record vouches for.
             state.fetch.set_own(Some(state.record.data));

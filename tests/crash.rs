@@ -1,5 +1,6 @@
 //! Crash at any instant: the daemon is killed with SIGKILL at random points while threads
-//! write, fsync, truncate, rename and read a large file (chunk fetches) through the mount,
+//! write, fsync, truncate, rename, create new files and read a large file (chunk fetches)
+//! through the mount,
 //! with a cache so small that the cleaner evicts all along. After each crash: every
 //! acknowledged operation is in the source, every cache entry hoardfs would trust equals the
 //! source, and the mount comes back by itself.
@@ -34,6 +35,13 @@ struct Acks {
     renamed: AtomicU64,
     /// Full reads of `big` that matched the source.
     reads: AtomicU64,
+    /// Files `n.0` … `n.N-1` created, written and closed.
+    created: AtomicU64,
+}
+
+/// The content of the created file `n.i`: sizes from 1 byte to ~100 KB.
+fn created(i: u64) -> Vec<u8> {
+    pattern(1 + (i as usize * 7_919) % 100_000, 5000 + i)
 }
 
 fn record(i: u64) -> Vec<u8> {
@@ -101,6 +109,20 @@ fn workers(
             }
         }));
     }
+    // Creator: new files written whole and closed (their first records are not durable).
+    {
+        let (acks, stop, mnt) = (acks.clone(), stop.clone(), t.mnt.clone());
+        v.push(std::thread::spawn(move || {
+            let mut i = acks.created.load(Ordering::SeqCst);
+            while !stop.load(Ordering::Relaxed) {
+                if fs::write(mnt.join(format!("n.{i}")), created(i)).is_err() {
+                    return;
+                }
+                i += 1;
+                acks.created.store(i, Ordering::SeqCst);
+            }
+        }));
+    }
     // Reader of a large file: chunk fetches, evictions by the tiny cache.
     {
         let (acks, stop, p) = (acks.clone(), stop.clone(), t.m("big"));
@@ -131,7 +153,16 @@ fn workers(
 /// chunk it claims.
 fn check_cache_against_source(t: &TestMount) -> u64 {
     let mut trusted_chunks = 0;
-    for name in ["log", "trunc", "big"] {
+    let mut names: Vec<String> = ["log", "trunc", "big"].map(String::from).to_vec();
+    if let Ok(rd) = fs::read_dir(t.cache.join("meta")) {
+        names.extend(
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("n.")),
+        );
+    }
+    for name in &names {
+        let name = name.as_str();
         let (Ok(meta), Ok(data)) = (
             fs::OpenOptions::new()
                 .read(true)
@@ -281,9 +312,33 @@ fn crash_rounds(rounds: u64) {
         let at = at.unwrap_or_else(|| panic!("round {round}: renamed file lost (acked {n})"));
         assert_eq!(fs::read(t.s(&format!("r.{at}"))).unwrap(), b"renamed file");
         acks.renamed.store(at, Ordering::SeqCst);
+        // Created files are in the source, whole, and read back so through the mount
+        // (the last few: from the cache where it kept them).
+        let made = acks.created.load(Ordering::SeqCst);
+        for i in made.saturating_sub(20)..made {
+            let want = created(i);
+            let name = format!("n.{i}");
+            assert!(
+                fs::read(t.s(&name)).unwrap() == want,
+                "round {round}: {name} in the source"
+            );
+            assert!(
+                fs::read(t.m(&name)).unwrap() == want,
+                "round {round}: {name} through the mount"
+            );
+        }
         trusted += trusted_now;
         // Came back by itself and serves the source's bytes.
-        for name in ["log", "trunc", "big"] {
+        let mut names: Vec<String> = ["log", "trunc", "big"].map(String::from).to_vec();
+        if let Ok(rd) = fs::read_dir(t.cache.join("meta")) {
+            names.extend(
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("n.")),
+            );
+        }
+        for name in &names {
+            let name = name.as_str();
             assert!(
                 fs::read(t.m(name)).unwrap() == fs::read(t.s(name)).unwrap(),
                 "round {round}: {name}"
@@ -297,8 +352,9 @@ fn crash_rounds(rounds: u64) {
     t.unmount();
     check_cache_against_source(t);
     eprintln!(
-        "{rounds} crashes; {} records written, {} renames, {} verified reads, {trusted} trusted chunks checked",
+        "{rounds} crashes; {} records written, {} files created, {} renames, {} verified reads, {trusted} trusted chunks checked",
         acks.written.load(Ordering::SeqCst),
+        acks.created.load(Ordering::SeqCst),
         acks.renamed.load(Ordering::SeqCst),
         acks.reads.load(Ordering::SeqCst)
     );
