@@ -206,6 +206,28 @@ pub fn probe(mount: &HoardfsMount, wait: Duration) -> Liveness {
     Liveness::Absent
 }
 
+/// Removes the sockets of daemons that died without removing them (kill -9, OOM): a
+/// socket nobody listens on refuses connections (`ECONNREFUSED`), and a name is bound and
+/// listened on in one step, so such a socket never comes back to life.
+fn remove_dead_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_some_and(|x| x == "sock")
+            && e.file_type().is_ok_and(|t| {
+                std::os::unix::fs::FileTypeExt::is_socket(&t)
+            })
+            && UnixStream::connect(&path)
+                .is_err_and(|err| err.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            tracing::debug!(path = %path.display(), "removing a dead daemon's control socket");
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 /// A bound control socket's path, removed when the daemon is done, if it is still ours: a
 /// daemon that was stopped and taken over may run on after the new daemon bound the same name.
 pub struct BoundSocket {
@@ -235,6 +257,7 @@ pub fn serve(
 ) -> anyhow::Result<BoundSocket> {
     let dir = runtime_dir();
     prepare_runtime_dir(&dir)?;
+    remove_dead_sockets(&dir);
     let path = dir.join(socket_name(mountpoint));
     // A socket another daemon answers on is its, not ours to replace; a silent one is a
     // dead or hung daemon's whose mount is gone (the mount point was cleared before we

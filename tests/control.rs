@@ -291,3 +291,18 @@ fn abort_clears_a_hung_mount_and_leaves_a_live_one() {
     let said = abort(&[&mnt]);
     assert!(said.contains("no hoardfs mount there"), "{said}");
 }
+
+/// A daemon killed with -9 cannot remove its control socket; the next daemon to start
+/// removes every socket that nobody listens on, so that killed test daemons (and crashed
+/// ones in production) leave nothing behind in the runtime directory for long.
+#[test]
+fn sockets_of_dead_daemons_are_removed_by_the_next_daemon() {
+    let mut dead = TestMount::new(&[]);
+    let sock = hoardfs::control::socket_path(&dead.mnt);
+    assert!(sock.exists(), "{}", sock.display());
+    dead.crash();
+    assert!(sock.exists(), "the killed daemon removed its socket itself?");
+    let live = TestMount::new(&[]);
+    assert!(!sock.exists(), "{} is still there", sock.display());
+    assert!(hoardfs::control::socket_path(&live.mnt).exists());
+}
