@@ -1,13 +1,27 @@
 //! Test harness: real FUSE mounts of the real binary over temporary directories.
+//!
+//! What every `TestMount` does besides mounting (issue 24):
+//! - it waits for the daemon's own word that the mount answers (`READY=1` on a
+//!   `NOTIFY_SOCKET` in the test's directory, systemd's protocol) instead of polling;
+//! - the daemon's stdout and stderr (its log: `HOARDFS_LOG`, `warn` unless set) go to
+//!   `daemon.log` in the test's directory, printed when the test fails.
 #![allow(dead_code)]
 
+use std::io::Write;
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hoardfs::stats::Snapshot;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hoardfs");
+
+/// How long a mount may take to say `READY=1`.
+const READY_WITHIN: Duration = Duration::from_secs(30);
 
 /// A source, a cache and a mount point, and the daemon serving them (in the foreground,
 /// so that the test owns the process and sees how it exits).
@@ -19,7 +33,11 @@ pub struct TestMount {
     pub extra_args: Vec<String>,
     /// Environment variables for the daemon (failpoints).
     pub env: Vec<(String, String)>,
+    /// The daemon's stdout and stderr, every mount of this `TestMount` appended.
+    pub log: PathBuf,
     child: Option<Child>,
+    notify: Option<Notify>,
+    mounts: u32,
 }
 
 /// The fusectl connection number (the device minor) of the FUSE mount at `mnt`, read from
@@ -44,6 +62,95 @@ pub fn is_mounted(mnt: &Path) -> bool {
     })
 }
 
+/// The end of a daemon log (all of it up to 64 KiB), for failure messages.
+pub fn log_excerpt(log: &Path) -> String {
+    const MAX: usize = 64 << 10;
+    let Ok(bytes) = std::fs::read(log) else {
+        return String::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    if text.len() <= MAX {
+        return text.into_owned();
+    }
+    let mut cut = text.len() - MAX;
+    while !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("[... {cut} bytes left out ...]\n{}", &text[cut..])
+}
+
+/// The receiving end of a mount's `NOTIFY_SOCKET`: a thread reads every notification (a
+/// daemon blocks on a full socket: STATUS= comes every 10 s) and hands it over here.
+struct Notify {
+    /// What `NOTIFY_SOCKET` says: the socket's path, or `@name` (abstract) if the path is
+    /// too long for a socket address.
+    address: String,
+    sock: UnixDatagram,
+    /// In a mutex: a `TestMount` is shared between threads (`Sync`).
+    rx: std::sync::Mutex<mpsc::Receiver<String>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Notify {
+    fn bind(path: &Path) -> Notify {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let _ = std::fs::remove_file(path);
+        let (sock, address) = match UnixDatagram::bind(path) {
+            Ok(s) => (s, path.display().to_string()),
+            Err(_) => {
+                use std::os::linux::net::SocketAddrExt;
+                let id = NEXT.fetch_add(1, Ordering::Relaxed);
+                let name = format!("hoardfs-test-{}-{id}", std::process::id());
+                let addr =
+                    std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+                let s = UnixDatagram::bind_addr(&addr).expect("bind a notify socket");
+                (s, format!("@{name}"))
+            }
+        };
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (recv, stopped) = (sock.try_clone().unwrap(), stop.clone());
+        recv.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        std::thread::Builder::new()
+            .name("hoardfs-test-notify".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                while !stopped.load(Ordering::Relaxed) {
+                    match recv.recv(&mut buf) {
+                        // Shut down (`Drop`).
+                        Ok(0) => return,
+                        Ok(n) => {
+                            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                            if tx.send(msg).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
+                        Err(_) => return,
+                    }
+                }
+            })
+            .unwrap();
+        Notify {
+            address,
+            sock,
+            rx: std::sync::Mutex::new(rx),
+            stop,
+        }
+    }
+}
+
+impl Drop for Notify {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 impl TestMount {
     pub fn new(args: &[&str]) -> TestMount {
         TestMount::new_at("mnt", args)
@@ -65,18 +172,28 @@ impl TestMount {
             .tempdir()
             .unwrap();
         let base = std::fs::canonicalize(dirs.path()).unwrap();
-        let (src, cache, mnt) = (base.join("src"), base.join("cache"), base.join(mnt_rel));
+        let (src, mnt) = (base.join("src"), base.join(mnt_rel));
         for d in [&src, &mnt] {
             std::fs::create_dir_all(d).unwrap();
         }
+        TestMount::with(dirs, src, mnt, args)
+    }
+
+    /// A `TestMount` of `src` whose cache, log and notify socket are in `dirs`.
+    fn with(dirs: tempfile::TempDir, src: PathBuf, mnt: PathBuf, args: &[&str]) -> TestMount {
+        let home = std::fs::canonicalize(dirs.path()).unwrap();
+        let log = home.join("daemon.log");
         TestMount {
+            cache: home.join("cache"),
             dirs,
             src,
-            cache,
             mnt,
+            log,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
             child: None,
+            notify: None,
+            mounts: 0,
         }
     }
 
@@ -92,24 +209,39 @@ impl TestMount {
             .prefix("hoardfs-test")
             .tempdir()
             .unwrap();
-        let base = std::fs::canonicalize(dirs.path()).unwrap();
-        let (cache, mnt) = (base.join("cache"), base.join("mnt"));
+        let mnt = std::fs::canonicalize(dirs.path()).unwrap().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
-        let mut m = TestMount {
-            dirs,
-            src: self.src.clone(),
-            cache,
-            mnt,
-            extra_args: args.iter().map(|s| s.to_string()).collect(),
-            env: Vec::new(),
-            child: None,
-        };
+        let mut m = TestMount::with(dirs, self.src.clone(), mnt, args);
         m.mount();
         m
     }
 
+    /// The daemon's log so far (every mount of this `TestMount`).
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     pub fn mount(&mut self) {
         assert!(self.child.is_none(), "already mounted");
+        let sock_path = self.log.with_file_name("notify.sock");
+        let notify = self.notify.get_or_insert_with(|| Notify::bind(&sock_path));
+        // Whatever an earlier daemon said (its STOPPING=1) is not this one's word.
+        let rx = notify.rx.get_mut().unwrap();
+        while rx.try_recv().is_ok() {}
+        let address = notify.address.clone();
+        self.mounts += 1;
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        writeln!(
+            log,
+            "=== hoardfs test harness: mount {} of {} ===",
+            self.mounts,
+            self.mnt.display()
+        )
+        .unwrap();
         let child = Command::new(BIN)
             .arg(&self.src)
             .arg(&self.mnt)
@@ -125,25 +257,41 @@ impl TestMount {
                 "HOARDFS_LOG",
                 std::env::var("HOARDFS_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .env("NOTIFY_SOCKET", &address)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
             .spawn()
             .expect("spawn hoardfs");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !is_mounted(&self.mnt) {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("hoardfs exited before mounting: {status}");
+        // The daemon says READY=1 once the mount and its control socket answer.
+        let t0 = Instant::now();
+        loop {
+            let said = self.notify.as_mut().unwrap().rx.get_mut().unwrap();
+            match said.recv_timeout(Duration::from_millis(20)) {
+                Ok(msg) if msg.lines().any(|l| l == "READY=1") => break,
+                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the notify socket failed"),
             }
-            assert!(Instant::now() < deadline, "mount did not appear");
-            std::thread::sleep(Duration::from_millis(10));
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.forget_child();
+                panic!("hoardfs exited before it was ready: {status}");
+            }
+            assert!(
+                t0.elapsed() < READY_WITHIN,
+                "hoardfs did not say READY=1 within {READY_WITHIN:?}"
+            );
         }
-        // The control socket comes up right after the mount.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while hoardfs::control::request_stats(&self.mnt).is_err() {
-            assert!(Instant::now() < deadline, "control socket did not appear");
-            std::thread::sleep(Duration::from_millis(10));
+        assert!(is_mounted(&self.mnt), "READY=1 before the mount exists");
+        if let Err(e) = hoardfs::control::request_stats(&self.mnt) {
+            panic!("READY=1 before the control socket answers: {e:#}");
         }
+    }
+
+    /// The daemon is no longer this mount's to reap.
+    fn forget_child(&mut self) -> Option<Child> {
+        self.child.take()
     }
 
     /// Unmounts as a user would and checks that the daemon exits cleanly.
@@ -153,7 +301,7 @@ impl TestMount {
     }
 
     pub fn wait_exit(&mut self, expect_success: bool) {
-        let mut child = self.child.take().expect("not mounted");
+        let mut child = self.forget_child().expect("not mounted");
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -172,8 +320,7 @@ impl TestMount {
 
     /// SIGKILL the daemon (a crash), then clear the dead mount.
     pub fn crash(&mut self) {
-        let conn = fuse_connection(&self.mnt);
-        let mut child = self.child.take().expect("not mounted");
+        let mut child = self.forget_child().expect("not mounted");
         child.kill().unwrap();
         // A killed daemon whose notification is stuck behind a directory lock held by a
         // request it will never answer cannot finish dying (the kernel keeps the FUSE
@@ -184,7 +331,7 @@ impl TestMount {
             std::thread::sleep(Duration::from_millis(10));
         }
         if child.try_wait().unwrap().is_none()
-            && let Some(conn) = conn
+            && let Some(conn) = fuse_connection(&self.mnt)
         {
             let abort = format!("/sys/fs/fuse/connections/{conn}/abort");
             if !Path::new(&abort).exists() {
@@ -206,14 +353,14 @@ impl TestMount {
     /// finish dying until its connection is aborted). The next `mount` must recover by
     /// itself; the caller reaps the returned process after that.
     pub fn kill_only(&mut self) -> Child {
-        let mut child = self.child.take().expect("not mounted");
+        let mut child = self.forget_child().expect("not mounted");
         child.kill().unwrap();
         child
     }
 
     /// Takes the daemon's process out of this mount's care: the caller ends it.
     pub fn take_daemon(&mut self) -> Child {
-        self.child.take().expect("not mounted")
+        self.forget_child().expect("not mounted")
     }
 
     pub fn pid(&self) -> u32 {
@@ -261,37 +408,56 @@ pub fn umount(mnt: &Path) -> bool {
 }
 
 /// A test that ends with its mount still in use (a file left open in it, a process inside
-/// it) or whose daemon does not exit after the unmount fails: the mount is taken down
-/// anyway (kill, lazy unmount), so that nothing is left behind either way.
+/// it) or whose daemon does not exit after the unmount fails: the mount is taken down anyway (kill, lazy unmount), so that
+/// nothing is left behind either way. A failing test shows its daemon's log.
 impl Drop for TestMount {
     fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let unmounted = umount(&self.mnt);
-        // Generous: after a long stress run on a loaded machine a daemon has taken more
-        // than 5 s to exit (issue 19 asks for 2 s; not met yet).
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+        let panicking = std::thread::panicking();
+        let mut failures = Vec::new();
+        if let Some(mut child) = self.child.take() {
+            let unmounted = umount(&self.mnt);
+            // Generous: after a long stress run on a loaded machine a daemon has taken
+            // more than 5 s to exit (issue 19 asks for 2 s; not met yet).
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let exited = child.try_wait().ok().flatten().is_some();
+            let _ = child.kill();
+            let _ = child.wait();
+            if is_mounted(&self.mnt) {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+            if !unmounted {
+                failures.push(format!(
+                    "{} was still in use at the end of the test (umount failed)",
+                    self.mnt.display()
+                ));
+            }
+            if !exited {
+                failures.push(format!(
+                    "the daemon of {} did not exit within 20 s of its unmount",
+                    self.mnt.display()
+                ));
+            }
         }
-        let exited = child.try_wait().ok().flatten().is_some();
-        let _ = child.kill();
-        let _ = child.wait();
-        if is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        // After the daemon's exit: it says STOPPING=1 as it goes.
+        self.notify = None;
+        if panicking || !failures.is_empty() {
+            let log = log_excerpt(&self.log);
+            if log
+                .lines()
+                .any(|l| !l.starts_with("=== hoardfs test harness"))
+            {
+                eprintln!(
+                    "--- daemon log of {} ({}) ---\n{log}--- end of the daemon log ---",
+                    self.mnt.display(),
+                    self.log.display()
+                );
+            }
         }
-        if !std::thread::panicking() {
-            assert!(
-                unmounted,
-                "{} was still in use at the end of the test (umount failed)",
-                self.mnt.display()
-            );
-            assert!(
-                exited,
-                "the daemon of {} did not exit within 20 s of its unmount",
-                self.mnt.display()
-            );
+        if !panicking && !failures.is_empty() {
+            panic!("{}", failures.join("\n"));
         }
     }
 }
