@@ -3,9 +3,13 @@
 //! What every `TestMount` does besides mounting (issue 24):
 //! - it waits for the daemon's own word that the mount answers (`READY=1` on a
 //!   `NOTIFY_SOCKET` in the test's directory, systemd's protocol) instead of polling;
+//! - a watchdog (`watchdog.rs`) fails the whole test binary, taking every mount down, when
+//!   a mount is still up `HOARDFS_TEST_TIMEOUT` seconds (default 300) after it was mounted;
 //! - the daemon's stdout and stderr (its log: `HOARDFS_LOG`, `warn` unless set) go to
 //!   `daemon.log` in the test's directory, printed when the test fails.
 #![allow(dead_code)]
+
+mod watchdog;
 
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
@@ -37,6 +41,8 @@ pub struct TestMount {
     pub log: PathBuf,
     child: Option<Child>,
     notify: Option<Notify>,
+    /// This mount's entry in the watchdog.
+    watch: u64,
     mounts: u32,
 }
 
@@ -51,6 +57,21 @@ pub fn fuse_connection(mnt: &Path) -> Option<u32> {
             .then(|| f[2].split(':').nth(1)?.parse().ok())
             .flatten()
     })
+}
+
+/// Aborts the FUSE connection of the mount at `mnt` through fusectl, as an administrator
+/// would (mounting fusectl first if it is not): every request waiting on it fails with
+/// ENOTCONN. Returns the connection aborted, if there was one.
+pub fn abort_connection(mnt: &Path) -> Option<u32> {
+    let conn = fuse_connection(mnt)?;
+    let abort = format!("/sys/fs/fuse/connections/{conn}/abort");
+    if !Path::new(&abort).exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"])
+            .stderr(Stdio::null())
+            .status();
+    }
+    std::fs::write(abort, "1").ok().map(|_| conn)
 }
 
 pub fn is_mounted(mnt: &Path) -> bool {
@@ -185,6 +206,7 @@ impl TestMount {
         let log = home.join("daemon.log");
         TestMount {
             cache: home.join("cache"),
+            watch: watchdog::register(&mnt, &log),
             dirs,
             src,
             mnt,
@@ -214,6 +236,12 @@ impl TestMount {
         let mut m = TestMount::with(dirs, self.src.clone(), mnt, args);
         m.mount();
         m
+    }
+
+    /// This test runs `more` longer than the usual timeout (`HOARDFS_TEST_TIMEOUT`) by
+    /// request (`HOARDFS_HUNT_SECS` and the like).
+    pub fn allow_time(&self, more: Duration) {
+        watchdog::allow(self.watch, more);
     }
 
     /// The daemon's log so far (every mount of this `TestMount`).
@@ -264,6 +292,7 @@ impl TestMount {
             .stderr(log)
             .spawn()
             .expect("spawn hoardfs");
+        watchdog::mounted(self.watch, child.id());
         self.child = Some(child);
         // The daemon says READY=1 once the mount and its control socket answer.
         let t0 = Instant::now();
@@ -291,6 +320,7 @@ impl TestMount {
 
     /// The daemon is no longer this mount's to reap.
     fn forget_child(&mut self) -> Option<Child> {
+        watchdog::set_pid(self.watch, None);
         self.child.take()
     }
 
@@ -330,16 +360,8 @@ impl TestMount {
         while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        if child.try_wait().unwrap().is_none()
-            && let Some(conn) = fuse_connection(&self.mnt)
-        {
-            let abort = format!("/sys/fs/fuse/connections/{conn}/abort");
-            if !Path::new(&abort).exists() {
-                let _ = Command::new("mount")
-                    .args(["-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"])
-                    .status();
-            }
-            let _ = std::fs::write(abort, "1");
+        if child.try_wait().unwrap().is_none() {
+            abort_connection(&self.mnt);
         }
         child.wait().unwrap();
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
@@ -443,6 +465,7 @@ impl Drop for TestMount {
         }
         // After the daemon's exit: it says STOPPING=1 as it goes.
         self.notify = None;
+        watchdog::disarm(self.watch);
         if panicking || !failures.is_empty() {
             let log = log_excerpt(&self.log);
             if log
