@@ -1,7 +1,7 @@
-//! Tests of the test harness itself (`tests/common`): the watchdog that fails a hung mount.
-//! What it tests ends the process (the watchdog exits with 101), so it runs in a child
-//! process, this binary run again for one test (`child_*`) with `HOARDFS_HARNESS_CHILD`
-//! set. Without it, the `child_*` tests do nothing.
+//! Tests of the test harness itself (`tests/common`): the watchdog that fails a hung mount
+//! and the daemon-log check. What they test ends the process (the watchdog exits with 101)
+//! or fails a test, so each runs in a child process, this binary run again for one test
+//! (`child_*`) with `HOARDFS_HARNESS_CHILD` set. Without it, the `child_*` tests do nothing.
 
 mod common;
 
@@ -25,6 +25,7 @@ fn run_child(name: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .env_remove("HOARDFS_TEST_TIMEOUT")
+        .env_remove("HOARDFS_TEST_FATAL_WARNINGS")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(out_file.reopen().unwrap())
@@ -112,4 +113,52 @@ fn child_hangs_on_a_stopped_daemon() {
     loop {
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// With `HOARDFS_TEST_FATAL_WARNINGS=1`, a WARN line in the daemon's log fails a test that
+/// does not expect it, and the failure shows the line; a test that expects warnings passes.
+/// Without the variable, the same test passes.
+#[test]
+fn warnings_fail_a_test_only_when_asked_and_unexpected() {
+    let fatal = [("HOARDFS_TEST_FATAL_WARNINGS", "1")];
+    let (code, out) = run_child("child_makes_its_daemon_warn", &fatal);
+    assert_eq!(code, Some(101), "{out}");
+    assert!(out.contains("warning(s) or error(s)"), "{out}");
+    assert!(
+        out.contains("WARN hoardfs::fs: discarding cache record"),
+        "{out}"
+    );
+    assert!(out.contains("--- daemon log of "), "{out}");
+    let (code, out) = run_child("child_makes_its_daemon_warn", &[]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = run_child(
+        "child_makes_its_daemon_warn",
+        &[fatal[0], ("HOARDFS_HARNESS_EXPECT", "1")],
+    );
+    assert_eq!(code, Some(0), "{out}");
+}
+
+#[test]
+fn child_makes_its_daemon_warn() {
+    if !in_child() {
+        return;
+    }
+    let mut m = TestMount::new(&[]);
+    if std::env::var_os("HOARDFS_HARNESS_EXPECT").is_some() {
+        m.expect_warnings();
+    }
+    // A record torn on disk: the daemon discards it with a WARN when it reads it.
+    std::fs::write(m.s("f"), b"cached").unwrap();
+    assert_eq!(std::fs::read(m.m("f")).unwrap(), b"cached");
+    m.unmount();
+    std::fs::write(m.cache.join("meta/f"), b"torn").unwrap();
+    m.mount();
+    assert_eq!(std::fs::read(m.m("f")).unwrap(), b"cached");
+    assert!(
+        common::log_warnings(&m.log)
+            .iter()
+            .any(|l| l.contains("discarding cache record")),
+        "{}",
+        m.daemon_log()
+    );
 }

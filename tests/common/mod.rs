@@ -6,7 +6,9 @@
 //! - a watchdog (`watchdog.rs`) fails the whole test binary, taking every mount down, when
 //!   a mount is still up `HOARDFS_TEST_TIMEOUT` seconds (default 300) after it was mounted;
 //! - the daemon's stdout and stderr (its log: `HOARDFS_LOG`, `warn` unless set) go to
-//!   `daemon.log` in the test's directory, printed when the test fails.
+//!   `daemon.log` in the test's directory, printed when the test fails; with
+//!   `HOARDFS_TEST_FATAL_WARNINGS=1`, a WARN or ERROR line in it fails the test unless the
+//!   test called `expect_warnings`;
 #![allow(dead_code)]
 
 mod watchdog;
@@ -44,6 +46,7 @@ pub struct TestMount {
     /// This mount's entry in the watchdog.
     watch: u64,
     mounts: u32,
+    warnings_expected: AtomicBool,
 }
 
 /// The fusectl connection number (the device minor) of the FUSE mount at `mnt`, read from
@@ -98,6 +101,34 @@ pub fn log_excerpt(log: &Path) -> String {
         cut += 1;
     }
     format!("[... {cut} bytes left out ...]\n{}", &text[cut..])
+}
+
+/// The WARN and ERROR entries of a daemon log (`tracing`'s format: a timestamp, then the
+/// level; the lines up to the next timestamp belong to the entry).
+pub fn log_warnings(log: &Path) -> Vec<String> {
+    let text = String::from_utf8_lossy(&std::fs::read(log).unwrap_or_default()).into_owned();
+    let mut found: Vec<String> = Vec::new();
+    let mut in_warning = false;
+    for l in text.lines() {
+        let mut words = l.split_whitespace();
+        let stamped = words
+            .next()
+            .is_some_and(|w| w.len() > 20 && w.ends_with('Z') && w.as_bytes()[4] == b'-');
+        if stamped || l.starts_with("=== hoardfs test harness") {
+            in_warning = stamped && matches!(words.next(), Some("WARN" | "ERROR"));
+            if in_warning {
+                found.push(l.to_string());
+            }
+        } else if in_warning && let Some(last) = found.last_mut() {
+            last.push_str("\n    ");
+            last.push_str(l);
+        }
+    }
+    found
+}
+
+fn fatal_warnings() -> bool {
+    std::env::var("HOARDFS_TEST_FATAL_WARNINGS").is_ok_and(|v| v == "1")
 }
 
 /// The receiving end of a mount's `NOTIFY_SOCKET`: a thread reads every notification (a
@@ -216,6 +247,7 @@ impl TestMount {
             child: None,
             notify: None,
             mounts: 0,
+            warnings_expected: AtomicBool::new(false),
         }
     }
 
@@ -236,6 +268,12 @@ impl TestMount {
         let mut m = TestMount::with(dirs, self.src.clone(), mnt, args);
         m.mount();
         m
+    }
+
+    /// This test makes its daemon log warnings or errors on purpose (faults, damage, bad
+    /// input): they do not fail it under `HOARDFS_TEST_FATAL_WARNINGS=1`.
+    pub fn expect_warnings(&self) {
+        self.warnings_expected.store(true, Ordering::Relaxed);
     }
 
     /// This test runs `more` longer than the usual timeout (`HOARDFS_TEST_TIMEOUT`) by
@@ -466,6 +504,19 @@ impl Drop for TestMount {
         // After the daemon's exit: it says STOPPING=1 as it goes.
         self.notify = None;
         watchdog::disarm(self.watch);
+        if fatal_warnings() && !self.warnings_expected.load(Ordering::Relaxed) {
+            let warnings = log_warnings(&self.log);
+            if !warnings.is_empty() {
+                failures.push(format!(
+                    "the daemon of {} logged {} warning(s) or error(s) and the test does not \
+                     expect any (HOARDFS_TEST_FATAL_WARNINGS=1; expect_warnings if they are \
+                     the point):\n  {}",
+                    self.mnt.display(),
+                    warnings.len(),
+                    warnings.join("\n  ")
+                ));
+            }
+        }
         if panicking || !failures.is_empty() {
             let log = log_excerpt(&self.log);
             if log
