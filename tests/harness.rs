@@ -1,7 +1,8 @@
-//! Tests of the test harness itself (`tests/common`): the watchdog that fails a hung mount
-//! and the daemon-log check. What they test ends the process (the watchdog exits with 101)
-//! or fails a test, so each runs in a child process, this binary run again for one test
-//! (`child_*`) with `HOARDFS_HARNESS_CHILD` set. Without it, the `child_*` tests do nothing.
+//! Tests of the test harness itself (`tests/common`): the watchdog that fails a hung mount,
+//! the daemon-log check and the descriptor check. What the first two test ends the process
+//! (the watchdog exits with 101) or fails a test, so those run in a child process, this
+//! binary run again for one test (`child_*`) with `HOARDFS_HARNESS_CHILD` set. Without it,
+//! the `child_*` tests do nothing.
 
 mod common;
 
@@ -161,4 +162,33 @@ fn child_makes_its_daemon_warn() {
         "{}",
         m.daemon_log()
     );
+}
+
+/// The end-of-test descriptor check looks at what matters: a file open through the mount
+/// shows as held by the daemon (its source file and its cache data file), the daemon's
+/// directories and records do not, and nothing is left once the file is closed and
+/// released.
+#[test]
+fn the_descriptor_check_sees_the_files_the_daemon_holds() {
+    use std::io::Read;
+    let m = TestMount::new(&[]);
+    std::fs::create_dir(m.s("d")).unwrap();
+    std::fs::write(m.s("d/f"), vec![7u8; 100_000]).unwrap();
+    assert!(m.daemon_files().is_empty(), "{:?}", m.daemon_files());
+    let mut f = std::fs::File::open(m.m("d/f")).unwrap();
+    let mut buf = [0u8; 10];
+    f.read_exact(&mut buf).unwrap();
+    let held = m.daemon_files();
+    let src_f = m.s("d/f").display().to_string();
+    let data_f = m.c("d/f").display().to_string();
+    assert!(held.iter().any(|l| l.ends_with(&src_f)), "{held:?}");
+    assert!(held.iter().any(|l| l.ends_with(&data_f)), "{held:?}");
+    assert!(
+        held.iter()
+            .all(|l| l.ends_with(&src_f) || l.ends_with(&data_f)),
+        "{held:?}"
+    );
+    drop(f);
+    m.wait_released();
+    assert!(m.daemon_files().is_empty(), "{:?}", m.daemon_files());
 }
