@@ -211,7 +211,9 @@ fn a_partially_cached_file_with_an_edited_chunk_is_refetched() {
         0
     );
     drop(f);
-    std::thread::sleep(Duration::from_millis(50));
+    // The edit is made to a file no longer open (the release reaches the daemon after
+    // close(2) returns).
+    t.wait_released();
     let data = fs::OpenOptions::new().write(true).open(t.c("f")).unwrap();
     data.write_all_at(b"EVIL", 8192).unwrap();
     drop(data);
@@ -246,7 +248,7 @@ fn a_data_file_edited_while_open_is_not_vouched_for_at_close() {
         drop(open);
     }
     // The releases reach the daemon after close(2) returns.
-    std::thread::sleep(Duration::from_millis(200));
+    t.wait_released();
     for round in 0..2 {
         for (name, _) in files {
             let want = fs::read(t.s(name)).unwrap();
