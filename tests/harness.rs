@@ -95,6 +95,8 @@ fn a_hung_mount_fails_the_test_binary_after_the_timeout() {
     common::wait_until(Duration::from_secs(10), "the stopped daemon to die", || {
         gone(pid)
     });
+    let socket = hoardfs::control::socket_path(Path::new(mnt));
+    assert!(!socket.exists(), "{} is left behind", socket.display());
     let _ = std::fs::remove_dir_all(Path::new(mnt).parent().unwrap());
 }
 

@@ -1,12 +1,13 @@
 //! The per-mount timeout: a hung mount fails its test instead of hanging `cargo test`.
 //!
-//! Every `TestMount` registers here when it first mounts (and again at each mount, which
-//! re-arms it) and leaves at drop. One thread per test process looks at the deadlines; when
-//! one passes (`HOARDFS_TEST_TIMEOUT` seconds after the mount, default 300, 0 for never), it
-//! says which mount of which test timed out and shows that daemon's log, aborts the mount's
-//! FUSE connection through fusectl (so that syscalls stuck in it return), kills its daemon,
-//! takes down every other mount still registered in the process the same way (nothing is
-//! left mounted), and exits the process with 101, as a failed test binary does.
+//! Every `TestMount` registers here when it is made, is armed at each of its mounts and
+//! leaves at drop. One thread per test process looks at the deadlines; when one passes
+//! (`HOARDFS_TEST_TIMEOUT` seconds after the mount, default 300, 0 for never), it says
+//! which mount of which test timed out and shows that daemon's log, aborts the mount's FUSE
+//! connection through fusectl (so that syscalls stuck in it return), kills its daemon (and
+//! removes the control socket it leaves), takes down every other mount still registered in
+//! the process the same way (nothing is left mounted), and exits the process with 101, as a
+//! failed test binary does.
 //!
 //! It writes to fd 2 itself, not with `eprintln!`: libtest captures a test's `eprintln!`
 //! and prints it only when the test ends, which an exit skips.
@@ -147,6 +148,8 @@ fn fire(armed: &BTreeMap<u64, Armed>, id: u64) -> ! {
         let aborted = super::abort_connection(&a.mnt);
         if let Some(pid) = a.pid {
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // A killed daemon leaves its control socket behind.
+            let _ = std::fs::remove_file(hoardfs::control::socket_path(&a.mnt));
         }
         let _ = std::process::Command::new("umount")
             .arg("-l")
