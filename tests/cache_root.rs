@@ -132,6 +132,8 @@ fn hoardfs_ok(args: &[&str]) {
 /// link is ignored, and replaced if the daemon writes that name.
 fn mount_with_link(rel: &str, target_in_outside: &str) {
     let mut t = TestMount::unmounted_at("mnt", &[]);
+    // The daemon says what it replaces.
+    t.expect_warnings();
     fill_source(&t);
     let outside = plant_canary(&t);
     init_cache(&t);
@@ -279,6 +281,7 @@ fn the_daemon_log_is_never_written_through_a_link_and_its_files_are_owner_only()
 fn a_data_file_hard_linked_outside_is_replaced_not_written_through() {
     let _serial = serial();
     let mut t = TestMount::new(&[]);
+    t.expect_warnings();
     let outside = plant_canary(&t);
     let data = pattern(CANARY.len(), 9);
     fs::write(t.s("passwd"), &data).unwrap();
@@ -319,6 +322,7 @@ fn a_cache_subdirectory_of_the_wrong_type_is_replaced() {
     let _serial = serial();
     for sub in ["meta", "data", "dirs", "oplog"] {
         let mut t = TestMount::unmounted_at("mnt", &[]);
+        t.expect_warnings();
         fill_source(&t);
         init_cache(&t);
         fs::write(t.cache.join(sub), b"not a directory").unwrap();
@@ -416,6 +420,8 @@ fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
 fn offline_replay_never_writes_through_nor_sends_planted_links() {
     let _serial = serial();
     let t = TestMount::new(&["--offline-writes", "log"]);
+    // Offline, conflicts, planted links: all said in the log.
+    t.expect_warnings();
     let outside = plant_canary(&t);
     fs::write(t.s("f"), b"original f\n").unwrap();
     fs::write(t.s("g"), b"original g\n").unwrap();

@@ -427,7 +427,7 @@ fn a_reused_inode_number_never_serves_the_old_files_bytes() {
             let ino = fs::metadata(t.s(&a)).unwrap().ino();
             assert_eq!(fs::read(t.m(&a)).unwrap(), old);
             // The daemon lets go of a's source descriptors once the release arrives.
-            std::thread::sleep(Duration::from_millis(300));
+            t.wait_released();
             // Behind the mount: delete a, then create b, which gets a's inode number.
             fs::remove_file(t.s(&a)).unwrap();
             let new = vec![b'n'; 8192];

@@ -196,6 +196,8 @@ fn a_mount_point_of_a_hung_daemon_is_taken_over() {
     std::fs::write(m.s("f"), b"one").unwrap();
     assert_eq!(std::fs::read(m.m("f")).unwrap(), b"one");
     let pid = m.pid().to_string();
+    // The old daemon finds its connection aborted: its last replies fail.
+    m.expect_warnings();
     // Ended by `Resume` below: the old mount is gone by then.
     let mut old = m.take_daemon();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
@@ -211,7 +213,9 @@ fn a_mount_point_of_a_hung_daemon_is_taken_over() {
     // The old daemon, resumed, finds its connection aborted and goes; it must not take the
     // new daemon's control socket with it.
     let _ = Command::new("kill").args(["-CONT", &resume.0]).status();
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for(20, "the old daemon to exit", || {
+        old.try_wait().unwrap().is_some()
+    });
     assert!(
         hoardfs::control::request_stats(&m.mnt).is_ok(),
         "the old daemon removed the new daemon's socket"

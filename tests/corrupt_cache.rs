@@ -159,6 +159,8 @@ fn check_all(t: &TestMount) {
 #[test]
 fn a_cache_damaged_while_unmounted_is_never_served() {
     let t = &mut TestMount::new(&["--whole-file-threshold", "64K", "--chunk-size", "64K"]);
+    // Damaged on purpose: the daemon says what it discards.
+    t.expect_warnings();
     setup(t);
     t.unmount();
     for how in DAMAGE {
@@ -178,6 +180,8 @@ fn a_cache_damaged_while_unmounted_is_never_served() {
 #[test]
 fn a_cache_damaged_while_mounted_is_never_served() {
     let t = &mut TestMount::new(&["--whole-file-threshold", "64K", "--chunk-size", "64K"]);
+    // Damaged on purpose: the daemon says what it discards.
+    t.expect_warnings();
     setup(t);
     for how in DAMAGE {
         damage(t, how, &format!("small-{how}"));
@@ -193,6 +197,8 @@ fn a_cache_damaged_while_mounted_is_never_served() {
 #[test]
 fn a_partially_cached_file_with_an_edited_chunk_is_refetched() {
     let t = &mut TestMount::new(&["--whole-file-threshold", "4K", "--chunk-size", "4K"]);
+    // Damaged on purpose: the daemon says what it discards.
+    t.expect_warnings();
     let want = pattern(100_000, 5);
     fs::write(t.s("f"), &want).unwrap();
     let f = fs::File::open(t.m("f")).unwrap();
@@ -205,7 +211,9 @@ fn a_partially_cached_file_with_an_edited_chunk_is_refetched() {
         0
     );
     drop(f);
-    std::thread::sleep(Duration::from_millis(50));
+    // The edit is made to a file no longer open (the release reaches the daemon after
+    // close(2) returns).
+    t.wait_released();
     let data = fs::OpenOptions::new().write(true).open(t.c("f")).unwrap();
     data.write_all_at(b"EVIL", 8192).unwrap();
     drop(data);
@@ -223,6 +231,8 @@ fn a_partially_cached_file_with_an_edited_chunk_is_refetched() {
 #[test]
 fn a_data_file_edited_while_open_is_not_vouched_for_at_close() {
     let t = &mut TestMount::new(&["--whole-file-threshold", "64K", "--chunk-size", "64K"]);
+    // Damaged on purpose: the daemon says what it discards.
+    t.expect_warnings();
     let files = [("small", SMALL), ("big", BIG)];
     for (name, len) in files {
         fs::write(t.s(name), pattern(len, len as u64)).unwrap();
@@ -238,7 +248,7 @@ fn a_data_file_edited_while_open_is_not_vouched_for_at_close() {
         drop(open);
     }
     // The releases reach the daemon after close(2) returns.
-    std::thread::sleep(Duration::from_millis(200));
+    t.wait_released();
     for round in 0..2 {
         for (name, _) in files {
             let want = fs::read(t.s(name)).unwrap();

@@ -129,6 +129,8 @@ fn a_full_or_read_only_cache_degrades_to_the_source_and_recovers() {
         ],
     );
     t.cache = cachefs.path.join("cache");
+    // A full and a read-only cache: the daemon says what it could not cache.
+    t.expect_warnings();
     t.mount();
     let t = &mut t;
     for i in 0..6 {

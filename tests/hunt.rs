@@ -261,6 +261,7 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
     });
     let counts = Arc::new(Counts::default());
     let stop = Arc::new(AtomicBool::new(false));
+    t.allow_time(Duration::from_secs(secs()));
     let deadline = Instant::now() + Duration::from_secs(secs());
     let mut threads = Vec::new();
 

@@ -477,6 +477,7 @@ fn fully_cached_files_are_read_through_passthrough() {
 #[test]
 fn a_corrupt_record_is_discarded_and_the_file_refetched() {
     let t = &mut TestMount::new(&[]);
+    t.expect_warnings();
     fs::write(t.s("f"), b"good bytes").unwrap();
     assert_eq!(fs::read(t.m("f")).unwrap(), b"good bytes");
     t.unmount();
@@ -495,6 +496,7 @@ fn a_corrupt_record_is_discarded_and_the_file_refetched() {
 #[test]
 fn cache_data_edited_behind_our_back_is_not_served() {
     let t = &mut TestMount::new(&[]);
+    t.expect_warnings();
     fs::write(t.s("f"), b"0123456789").unwrap();
     assert_eq!(fs::read(t.m("f")).unwrap(), b"0123456789");
     t.unmount();

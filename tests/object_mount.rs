@@ -407,6 +407,8 @@ fn a_stopped_server_leaves_the_cache_readable_and_the_mount_comes_back() {
     put(&c, "dir/cached.txt", b"cached");
     put(&c, "dir/uncached.txt", b"never read");
     let m = mount(&v, &[]);
+    // The server stops: the mount goes offline, and says so.
+    m.expect_warnings();
     assert_eq!(std::fs::read(m.m("dir/cached.txt")).unwrap(), b"cached");
     drop(c);
     v.stop();

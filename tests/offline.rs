@@ -81,6 +81,7 @@ fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
 #[test]
 fn switched_offline_the_mount_serves_what_was_warmed() {
     let t = TestMount::new(&[]);
+    t.expect_warnings();
     make_tree(&t.src);
     let out = hoardfs(&["warm"], &t.m("hoard"));
     assert!(
@@ -138,6 +139,7 @@ fn switched_offline_the_mount_serves_what_was_warmed() {
 #[test]
 fn an_offline_start_serves_the_cache_of_an_earlier_mount() {
     let mut t = TestMount::new(&[]);
+    t.expect_warnings();
     make_tree(&t.src);
     assert!(hoardfs(&["warm"], &t.m("hoard")).status.success());
     let before = snapshot(&t.m("hoard"));
@@ -394,6 +396,8 @@ fn log_mount(t_args: &[&str]) -> TestMount {
     let mut args = vec!["--offline-writes", "log"];
     args.extend_from_slice(t_args);
     let mut t = TestMount::new(&args);
+    // Its tests go offline, make conflicts or crash a replay: the daemon says so.
+    t.expect_warnings();
     make_tree(&t.src);
     fs::create_dir(t.s("hoard/empty")).unwrap();
     // Warm the tree (files and listings), including the empty directory.
@@ -703,6 +707,7 @@ mod offline_model {
 
     fn run(changes: &[Change]) {
         let t = TestMount::new(&["--offline-writes", "log"]);
+        t.expect_warnings();
         fs::create_dir_all(t.s("hoard/d")).unwrap();
         fs::write(t.s("hoard/a"), b"source a").unwrap();
         fs::write(t.s("hoard/d/x"), b"source d/x").unwrap();
@@ -959,6 +964,7 @@ fn a_hung_source_never_blocks_reads_of_cached_files_through_held_handles() {
 #[test]
 fn a_create_through_the_mount_keeps_the_directory_readable_offline() {
     let t = TestMount::new(&[]);
+    t.expect_warnings();
     fs::create_dir(t.s("d")).unwrap();
     fs::write(t.s("d/f1"), b"one").unwrap();
     fs::read_dir(t.m("d")).unwrap().for_each(drop);

@@ -349,6 +349,7 @@ fn a_directory_swapped_for_a_symlink_in_a_rename_race_never_leads_the_daemon_out
             "0",
         ],
     );
+    t.allow_time(Duration::from_secs(secs));
     let outside = plant_canary(&t.base());
     // `canary` exists as a name inside the canary directory, so that opening `d/canary`
     // through a followed link would reach it.

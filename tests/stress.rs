@@ -109,6 +109,7 @@ fn contents(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 fn threads_and_processes_on_the_same_files_end_as_the_source() {
     // A small cache, so the cleaner evicts while everything else goes on.
     let t = TestMount::new(&["--cache-size", "4M", "--whole-file-threshold", "256K"]);
+    t.allow_time(Duration::from_secs(secs()));
     fs::write(t.s("big"), pattern(3 << 20, 1)).unwrap();
     let stop = AtomicBool::new(false);
     let ops = AtomicU64::new(0);
