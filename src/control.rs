@@ -216,9 +216,8 @@ fn remove_dead_sockets(dir: &Path) {
     for e in entries.flatten() {
         let path = e.path();
         if path.extension().is_some_and(|x| x == "sock")
-            && e.file_type().is_ok_and(|t| {
-                std::os::unix::fs::FileTypeExt::is_socket(&t)
-            })
+            && e.file_type()
+                .is_ok_and(|t| std::os::unix::fs::FileTypeExt::is_socket(&t))
             && UnixStream::connect(&path)
                 .is_err_and(|err| err.kind() == std::io::ErrorKind::ConnectionRefused)
         {

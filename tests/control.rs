@@ -305,7 +305,10 @@ fn sockets_of_dead_daemons_are_removed_by_the_next_daemon() {
     let sock = hoardfs::control::socket_path(&dead.mnt);
     assert!(sock.exists(), "{}", sock.display());
     dead.crash();
-    assert!(sock.exists(), "the killed daemon removed its socket itself?");
+    assert!(
+        sock.exists(),
+        "the killed daemon removed its socket itself?"
+    );
     let live = TestMount::new(&[]);
     assert!(!sock.exists(), "{} is still there", sock.display());
     assert!(hoardfs::control::socket_path(&live.mnt).exists());
