@@ -148,11 +148,9 @@ fn workers(
     v
 }
 
-/// Every cache entry that hoardfs would trust on the next mount (record valid, clean, data
-/// file unchanged, identity equal to the source's) holds the source's bytes in every
-/// chunk it claims.
-fn check_cache_against_source(t: &TestMount) -> u64 {
-    let mut trusted_chunks = 0;
+/// The files checked after a crash: the workers' fixed ones and the created files the cache
+/// has entries for.
+fn checked_names(t: &TestMount) -> Vec<String> {
     let mut names: Vec<String> = ["log", "trunc", "big"].map(String::from).to_vec();
     if let Ok(rd) = fs::read_dir(t.cache.join("meta")) {
         names.extend(
@@ -161,7 +159,15 @@ fn check_cache_against_source(t: &TestMount) -> u64 {
                 .filter(|n| n.starts_with("n.")),
         );
     }
-    for name in &names {
+    names
+}
+
+/// Every cache entry that hoardfs would trust on the next mount (record valid, clean, data
+/// file unchanged, identity equal to the source's) holds the source's bytes in every
+/// chunk it claims.
+fn check_cache_against_source(t: &TestMount) -> u64 {
+    let mut trusted_chunks = 0;
+    for name in &checked_names(t) {
         let name = name.as_str();
         let (Ok(meta), Ok(data)) = (
             fs::OpenOptions::new()
@@ -332,15 +338,7 @@ fn crash_rounds(rounds: u64) {
         }
         trusted += trusted_now;
         // Came back by itself and serves the source's bytes.
-        let mut names: Vec<String> = ["log", "trunc", "big"].map(String::from).to_vec();
-        if let Ok(rd) = fs::read_dir(t.cache.join("meta")) {
-            names.extend(
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with("n.")),
-            );
-        }
-        for name in &names {
+        for name in &checked_names(t) {
             let name = name.as_str();
             assert!(
                 fs::read(t.m(name)).unwrap() == fs::read(t.s(name)).unwrap(),

@@ -625,19 +625,17 @@ fn daemon_mode_returns_once_mounted_and_sigterm_unmounts() {
     assert_eq!(fs::read(mnt.join("hello")).unwrap(), b"hi");
     let snap = hoardfs::control::request_stats(&mnt).unwrap();
     assert_eq!(snap.cache_dir, cache.display().to_string());
-    // Find the daemon and stop it with SIGTERM.
-    let pids = Command::new("pgrep")
-        .arg("-f")
-        .arg(format!("{} {}", src.display(), mnt.display()))
-        .output()
-        .unwrap();
-    let pid: i32 = String::from_utf8_lossy(&pids.stdout)
-        .lines()
-        .next()
+    // The daemon: the peer of its control socket (`SO_PEERCRED`). Not `pgrep -f`, which
+    // reads every process's command line and hangs while any process on the machine is
+    // stuck in the kernel.
+    let conn =
+        std::os::unix::net::UnixStream::connect(hoardfs::control::socket_path(&mnt)).unwrap();
+    let pid: i32 = rustix::net::sockopt::socket_peercred(&conn)
         .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+        .pid
+        .as_raw_nonzero()
+        .get();
+    drop(conn);
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while common::is_mounted(&mnt) {
