@@ -2087,17 +2087,19 @@ impl CachingFs {
                     Stats::add(&self.stats.cache.stale_invalidations, 1);
                 }
             }
-            Ok(Some(Err(crate::cache::record::RecordError::DataChanged)))
-                if crate::cache::store::read_record_unchecked(&files.meta).is_ok_and(|r| {
-                    matches!(r, Some(Ok(r)) if r.present_count() == 0
-                        || files.data.metadata().is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) != r.data.ino))
-                }) =>
-            {
-                // A record that claims nothing, or one written for another data file: the
-                // entry is being refilled by another open of an older or newer version (a
-                // file replaced behind the mount, `replace_data`), not damaged. Discarded
-                // all the same, quietly.
+            Ok(Some(Err(crate::cache::record::RecordError::OtherDataFile))) => {
+                // The entry is being refilled by another open of an older or newer version
+                // (a file replaced behind the mount), not damaged: discarded quietly.
                 tracing::debug!(?path, "cache record of another data file");
+                Stats::add(&self.stats.cache.stale_invalidations, 1);
+            }
+            Ok(Some(Err(crate::cache::record::RecordError::DataChanged)))
+                if crate::cache::store::read_record_unchecked(&files.meta)
+                    .is_ok_and(|r| matches!(r, Some(Ok(r)) if r.present_count() == 0)) =>
+            {
+                // A record that claims nothing: its data file is being fetched into by
+                // another open of an older or newer version, not damaged.
+                tracing::debug!(?path, "empty cache record of a changed data file");
                 Stats::add(&self.stats.cache.stale_invalidations, 1);
             }
             Ok(Some(Err(e))) => {

@@ -125,6 +125,10 @@ pub enum RecordError {
     Inconsistent,
     #[error("cache data file changed behind the record")]
     DataChanged,
+    /// The record was written for another data file than the one under its name now (a
+    /// new version put in place by another open, `CacheStore::replace_data`).
+    #[error("cache record written for another data file")]
+    OtherDataFile,
 }
 
 pub fn chunk_count(size: u64, chunk_size: u64) -> u64 {

@@ -566,6 +566,9 @@ pub fn read_record(
     // A dirty record is discarded anyway (and its data file was being written).
     if let Some(Ok(r)) = rec.as_ref().filter(|r| matches!(r, Ok(r) if !r.dirty)) {
         let now = DataIdentity::of(&fstat(files.data.as_fd())?);
+        if now.ino != r.data.ino {
+            return Ok(Some(Err(super::record::RecordError::OtherDataFile)));
+        }
         if now != r.data {
             return Ok(Some(Err(super::record::RecordError::DataChanged)));
         }
@@ -739,6 +742,13 @@ mod tests {
         assert_eq!(
             read_record(&f).unwrap().unwrap(),
             Err(crate::cache::record::RecordError::DataChanged)
+        );
+        // A new version put in place under the name: the record is another file's.
+        let mut f = f;
+        f.data = s.replace_data(Path::new("a/b/c.txt"), 5).unwrap();
+        assert_eq!(
+            read_record(&f).unwrap().unwrap(),
+            Err(crate::cache::record::RecordError::OtherDataFile)
         );
         // A file where a directory must go is replaced.
         s.open_files(Path::new("a/b/c.txt/d")).unwrap();
