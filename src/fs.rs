@@ -70,6 +70,11 @@ const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 /// an own change may be under way (a millisecond apart while one is).
 const OWN_CHANGE_TRIES: u32 = 50;
 
+/// How long after an open answered ESTALE its thread's next open counts as the kernel's
+/// retry of it (`CachingFs::open`): the retry follows at once, but a loaded machine may
+/// delay it. Bounds a mark the kernel did not follow with a retry.
+const ESTALE_RETRY: Duration = Duration::from_secs(1);
+
 /// How long a writer waits for passthrough readers whose release is still on its way.
 const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
 
@@ -181,7 +186,8 @@ pub struct CachingFs {
     locks: Mutex<HashMap<(u64, u64), File>>,
     next_fh: AtomicU64,
     passthrough_ok: AtomicBool,
-    /// Processes told ESTALE for an open of a retired node, and when (`open`).
+    /// Threads whose last open answered ESTALE, and when: their next open is the kernel's
+    /// retry (`open`).
     estale_told: Mutex<HashMap<u32, Instant>>,
     pub stats: Stats,
     /// TTLs, the source watcher, leases, and the channel to the kernel's caches.
@@ -1664,9 +1670,34 @@ impl CachingFs {
         pid: u32,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
+        // The kernel retries an open that failed with ESTALE once, at once, after looking
+        // the name up again (`do_filp_open`), and the thread waits in that one syscall
+        // meanwhile: when this thread's previous open answered ESTALE moments ago, this is
+        // its retry. Every open takes the mark, so none outlives the retry it stands for.
+        let first_estale = {
+            let mut told = self.estale_told.lock().unwrap();
+            told.retain(|_, at| at.elapsed() < ESTALE_RETRY);
+            told.remove(&pid)
+        };
+        let r = self.open_node(id, flags, first_estale, make_backing);
+        if first_estale.is_none() && matches!(r, Err(e) if e == Errno::ESTALE) {
+            self.estale_told.lock().unwrap().insert(pid, Instant::now());
+        }
+        r
+    }
+
+    /// `open`; `first_estale`: when this thread's previous open, of which this one is the
+    /// kernel's retry, answered ESTALE.
+    fn open_node(
+        &self,
+        id: u64,
+        flags: i32,
+        first_estale: Option<Instant>,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
         let inode = self.inode(id)?;
         if inode.is_retired() {
-            return self.open_retired(&inode, flags, pid, make_backing);
+            return self.open_retired(&inode, flags, first_estale, make_backing);
         }
         // No name leads here any more (unlinked, or another file took the name): the
         // kernel's dentry is stale, and on ESTALE it looks the name up again.
@@ -1693,31 +1724,28 @@ impl CachingFs {
 
     /// An open of a retired node: an old version, kept for the handles open on it. The
     /// kernel looks the name up again on ESTALE and retries the open once, which then
-    /// reaches the new entry. When the retry finds a retired node again (the file was
-    /// replaced again meanwhile), failing would make an open of a name that always existed
-    /// fail; it gets the version this node holds instead, whole, replaced only moments ago.
+    /// reaches the new entry. When the retry finds a retired node again, retired since the
+    /// first try answered (the file was replaced again meanwhile), failing would make an
+    /// open of a name that always existed fail; it gets the version this node holds
+    /// instead, whole, which was the file's at an instant of this open. A node retired
+    /// before the open began (reached with no lookup, as through `/proc/self/fd`) is never
+    /// served: its version was replaced before the open.
     fn open_retired(
         &self,
         inode: &Arc<Inode>,
         flags: i32,
-        pid: u32,
+        first_estale: Option<Instant>,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
-        const RETRY: Duration = Duration::from_secs(1);
-        let retried = {
-            let mut told = self.estale_told.lock().unwrap();
-            told.retain(|_, at| at.elapsed() < RETRY);
-            let retried = told.remove(&pid).is_some();
-            if !retried {
-                told.insert(pid, Instant::now());
-            }
-            retried
+        let during = match (first_estale, inode.retired_at()) {
+            (Some(first), Some(retired)) => retired >= first,
+            _ => false,
         };
         let guard = inode.file();
         let whole = guard
             .as_ref()
             .is_some_and(|s| s.complete() && s.files.is_some());
-        if !retried
+        if !during
             || !whole
             || flags & libc::O_ACCMODE != libc::O_RDONLY
             || flags & libc::O_TRUNC != 0

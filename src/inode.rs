@@ -39,8 +39,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::fs::FileState;
@@ -119,8 +119,10 @@ pub struct Inode {
     /// The source changed behind the mount while this file was open: its open handles keep
     /// the version they opened, and the file's names lead to a new entry (a new kernel
     /// node) for everything else. Lookups never return a retired entry, and opens of it
-    /// answer `ESTALE`, so that the kernel looks the name up again.
-    retired: AtomicBool,
+    /// answer `ESTALE`, so that the kernel looks the name up again. Holds when: an open
+    /// retried by the kernel may still take this version if it was retired during that
+    /// open (`CachingFs::open`).
+    retired: OnceLock<Instant>,
     /// The birth time of the file this entry stands for, `(0, 0)` until known: tells it
     /// from a later file given the same inode number (`reused_by`).
     btime: Mutex<(i64, u32)>,
@@ -149,7 +151,7 @@ impl Inode {
             names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
             former: Mutex::new(Vec::new()),
-            retired: AtomicBool::new(false),
+            retired: OnceLock::new(),
             btime: Mutex::new((0, 0)),
             changing: AtomicU32::new(0),
         }
@@ -168,11 +170,16 @@ impl Inode {
 
     /// See `retired`: from now on this entry serves only the handles already open.
     pub fn retire(&self) {
-        self.retired.store(true, Ordering::Release);
+        let _ = self.retired.set(Instant::now());
     }
 
     pub fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Acquire)
+        self.retired.get().is_some()
+    }
+
+    /// When this entry was retired, if it was.
+    pub fn retired_at(&self) -> Option<Instant> {
+        self.retired.get().copied()
     }
 
     /// Whether `st`, found at `path` with this entry's `(dev, ino)`, is another file that

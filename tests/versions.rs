@@ -565,3 +565,45 @@ fn writes_through_a_hard_link_outside_the_source_are_found_by_the_next_open() {
         t.stats().cache
     );
 }
+
+/// An open of a node that was retired (its file changed while open, the old version kept
+/// for the handles open on it) before the open began gets the new version or `ESTALE`,
+/// never the old one. The kernel retries an `ESTALE` open once; a retry may take a
+/// retired node's version only when that node was retired during the open (the file was
+/// replaced again while the kernel retried), so that every open returns a version that
+/// was current at some instant of it. Reopening through `/proc/self/fd` of an `O_PATH`
+/// descriptor reaches the old node with no lookup, first try and retry alike.
+#[test]
+fn an_open_never_gets_a_version_replaced_before_it_began() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let t = TestMount::new(&["--watch", "off"]);
+    let (old, new) = (pattern(64 << 10, 1), pattern(64 << 10, 2));
+    fs::write(t.s("f"), &old).unwrap();
+    check("first read", &fs::read(t.m("f")).unwrap(), &old);
+    let held = File::open(t.m("f")).unwrap();
+    let node = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(t.m("f"))
+        .unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(t.s("f"))
+        .unwrap()
+        .write_all_at(&new, 0)
+        .unwrap();
+    // This open finds the change, keeps the old version for `held` and retires the node.
+    check(
+        "an open after the change",
+        &fs::read(t.m("f")).unwrap(),
+        &new,
+    );
+    assert!(t.stats().cache.versions_kept >= 1, "no version was kept");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let again = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&node));
+    match fs::read(&again) {
+        Ok(bytes) => check("an open of the retired node", &bytes, &new),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+    }
+    check("the held handle", &read_whole(&held, old.len()), &old);
+}
