@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheRecord;
+use crate::cache::store::Trees;
 use crate::source::BeneathRoot;
 
 /// The pins file in the cache root.
@@ -335,13 +336,6 @@ impl Pins {
         }
         Ok(())
     }
-}
-
-/// The cache's record and data trees, for the cleaner's scans.
-#[derive(Clone, Debug)]
-pub struct Trees {
-    pub meta: Arc<BeneathRoot>,
-    pub data: Arc<BeneathRoot>,
 }
 
 /// What a scan found.

@@ -175,7 +175,7 @@ pub struct Coherence {
 
 impl Coherence {
     /// Starts the watcher if `cfg.watch` asks for it and the source allows it.
-    /// `local`: the source is on a local file system (not `is_remote`).
+    /// `local`: the source is on a local file system (not `source::is_remote`).
     pub fn new(cfg: &Config, local: bool) -> Coherence {
         let watcher = match cfg.watch {
             WatchMode::Off => None,
@@ -250,28 +250,6 @@ impl Coherence {
         };
         self.tunables.fill(&mut s);
         s
-    }
-}
-
-/// Network and FUSE file systems: changes made on other machines raise no inotify events.
-pub fn is_remote(fd: BorrowedFd<'_>) -> bool {
-    const NFS: i64 = 0x6969;
-    const SMB: i64 = 0x517B;
-    const CIFS: i64 = 0xFF53_4D42;
-    const SMB2: i64 = 0xFE53_4D42;
-    const FUSE: i64 = 0x6573_5546;
-    const V9FS: i64 = 0x0102_1997;
-    const CEPH: i64 = 0x00C3_6400;
-    const AFS: i64 = 0x6B41_4653;
-    const CODA: i64 = 0x7375_7245;
-    const OCFS2: i64 = 0x7461_636F;
-    const GFS2: i64 = 0x0116_1970;
-    match rustix::fs::fstatfs(fd) {
-        Ok(st) => matches!(
-            st.f_type,
-            NFS | SMB | CIFS | SMB2 | FUSE | V9FS | CEPH | AFS | CODA | OCFS2 | GFS2
-        ),
-        Err(_) => true,
     }
 }
 

@@ -314,7 +314,7 @@ fn canonical_source(p: &Path) -> Result<PathBuf, ConfigError> {
     match rx.recv_timeout(std::time::Duration::from_secs(10)) {
         Ok(Ok((c, true))) => Ok(c),
         Ok(Ok((_, false))) => Err(err("is not a directory".into())),
-        Ok(Err(e)) if crate::health::may_mean_unreachable(&e) => unreachable(e.to_string()),
+        Ok(Err(e)) if crate::source::may_mean_unreachable(&e) => unreachable(e.to_string()),
         Ok(Err(e)) => Err(err(e.to_string())),
         Err(_) => unreachable("no answer within 10 s".into()),
     }

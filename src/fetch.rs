@@ -890,7 +890,7 @@ impl HandleFetch {
         drop(st);
         ff.with_data(epoch, |data| {
             let mut buf = vec![0u8; (end - off) as usize];
-            crate::fs::read_full(data, &mut buf, off).map(|n| {
+            crate::source::read_full(data, &mut buf, off).map(|n| {
                 buf.truncate(n);
                 buf
             })

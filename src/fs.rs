@@ -292,7 +292,7 @@ fn open_object_source(
             }
             Ok((tree, info, None))
         }
-        Err(e) if crate::health::may_mean_unreachable(&e) && object_recorded.is_some() => {
+        Err(e) if crate::source::may_mean_unreachable(&e) && object_recorded.is_some() => {
             Ok((tree, *object_recorded.unwrap(), Some(e.to_string())))
         }
         Err(e) => anyhow::bail!("cannot use the source {name}: {e}"),
@@ -355,20 +355,6 @@ fn now_millis() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// Reads until `buf` is full or end of file; returns the bytes read.
-pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match f.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 impl CachingFs {

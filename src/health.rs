@@ -33,29 +33,6 @@ const PROBE_ONLINE: Duration = Duration::from_secs(5);
 /// The errno of calls refused because the mount is offline.
 pub const OFFLINE: i32 = libc::EIO;
 
-/// Errors that may mean the source is unreachable rather than that one object is wrong;
-/// a probe of the root decides.
-pub fn may_mean_unreachable(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::ENOTCONN
-                | libc::ETIMEDOUT
-                | libc::ECONNABORTED
-                | libc::ECONNRESET
-                | libc::ECONNREFUSED
-                | libc::EHOSTUNREACH
-                | libc::EHOSTDOWN
-                | libc::ENETUNREACH
-                | libc::ENETDOWN
-                | libc::ESHUTDOWN
-                | libc::ESTALE
-                | libc::EIO
-                | libc::ENODEV
-        )
-    )
-}
-
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default)]
 pub struct HealthSnapshot {
@@ -384,7 +361,7 @@ impl GuardedSource {
     /// A call failed: if the error may mean the source is gone, ask the source itself at
     /// once, so that this very request can already be answered from the cache.
     fn failed(&self, e: &io::Error) {
-        if may_mean_unreachable(e)
+        if crate::source::may_mean_unreachable(e)
             && self.health.online()
             && let Err(why) = self.probe()
         {
@@ -559,7 +536,7 @@ impl GuardedSource {
                 use std::os::fd::AsFd;
                 self.with_fd(f.as_fd(), move |f| {
                     let mut buf = vec![0u8; len];
-                    let n = crate::fs::read_full(f, &mut buf, offset)?;
+                    let n = crate::source::read_full(f, &mut buf, offset)?;
                     buf.truncate(n);
                     Ok(buf)
                 })

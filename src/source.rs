@@ -15,6 +15,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
@@ -165,6 +166,65 @@ pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     } else {
         Ok(ret)
     }
+}
+
+/// Reads until `buf` is full or end of file; returns the bytes read.
+pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Network and FUSE file systems: changes made on other machines raise no inotify events.
+pub fn is_remote(fd: BorrowedFd<'_>) -> bool {
+    const NFS: i64 = 0x6969;
+    const SMB: i64 = 0x517B;
+    const CIFS: i64 = 0xFF53_4D42;
+    const SMB2: i64 = 0xFE53_4D42;
+    const FUSE: i64 = 0x6573_5546;
+    const V9FS: i64 = 0x0102_1997;
+    const CEPH: i64 = 0x00C3_6400;
+    const AFS: i64 = 0x6B41_4653;
+    const CODA: i64 = 0x7375_7245;
+    const OCFS2: i64 = 0x7461_636F;
+    const GFS2: i64 = 0x0116_1970;
+    match rustix::fs::fstatfs(fd) {
+        Ok(st) => matches!(
+            st.f_type,
+            NFS | SMB | CIFS | SMB2 | FUSE | V9FS | CEPH | AFS | CODA | OCFS2 | GFS2
+        ),
+        Err(_) => true,
+    }
+}
+
+/// Errors that may mean the source is unreachable rather than that one object is wrong;
+/// a probe of the root decides.
+pub fn may_mean_unreachable(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENOTCONN
+                | libc::ETIMEDOUT
+                | libc::ECONNABORTED
+                | libc::ECONNRESET
+                | libc::ECONNREFUSED
+                | libc::EHOSTUNREACH
+                | libc::EHOSTDOWN
+                | libc::ENETUNREACH
+                | libc::ENETDOWN
+                | libc::ESHUTDOWN
+                | libc::ESTALE
+                | libc::EIO
+                | libc::ENODEV
+        )
+    )
 }
 
 fn cstr(name: &OsStr) -> io::Result<CString> {

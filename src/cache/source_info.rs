@@ -18,7 +18,7 @@ const FILE: &str = "source.json";
 pub struct SourceInfo {
     /// `statfs` type of the source's file system.
     pub fs_type: i64,
-    /// A network or FUSE file system (`coherence::is_remote`).
+    /// A network or FUSE file system (`source::is_remote`).
     pub remote: bool,
     /// Whether it keeps a file's inode number for its life (see `fs.rs`).
     pub stable_ino: bool,
@@ -60,7 +60,7 @@ impl SourceInfo {
         let st = crate::source::fstat(root)?;
         Ok(SourceInfo {
             fs_type,
-            remote: crate::coherence::is_remote(root),
+            remote: crate::source::is_remote(root),
             stable_ino: !renumbers_inodes(fs_type),
             root_dev: st.dev,
             root_ino: st.ino,

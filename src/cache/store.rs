@@ -47,6 +47,13 @@ pub struct CacheFiles {
     pub meta: File,
 }
 
+/// The cache's record and data trees, for the cleaner's scans.
+#[derive(Clone, Debug)]
+pub struct Trees {
+    pub meta: Arc<BeneathRoot>,
+    pub data: Arc<BeneathRoot>,
+}
+
 impl CacheStore {
     /// Opens (creating if needed) the cache at `root` and locks it for this process.
     ///
@@ -163,8 +170,8 @@ impl CacheStore {
     }
 
     /// The record and data trees, for the cleaner.
-    pub fn trees(&self) -> crate::cleaner::Trees {
-        crate::cleaner::Trees {
+    pub fn trees(&self) -> Trees {
+        Trees {
             meta: self.meta.clone(),
             data: self.data.clone(),
         }

@@ -58,7 +58,7 @@ impl CachingFs {
             let now = self.source.stat(path);
             tracing::trace!(?path, change = ?nc.change, exists = now.is_ok(), "source changed");
             if let Err(e) = &now
-                && crate::health::may_mean_unreachable(e)
+                && crate::source::may_mean_unreachable(e)
             {
                 // No answer (offline, a timeout, a dead server): nothing is known of this
                 // name, and it must not be taken for gone. Reconnection revalidates

@@ -13,10 +13,11 @@ use std::sync::{Arc, Weak};
 
 use fuser::Errno;
 
-use super::{CachingFs, FileState, Handle, Result, errno, now_millis, read_full};
+use super::{CachingFs, FileState, Handle, Result, errno, now_millis};
 use crate::fetch::{End, FileFetch, FileJob, Flight, Job, SourceFd, Step, Task};
 use crate::inode::Inode;
 use crate::object_tree::SourceReader;
+use crate::source::read_full;
 use crate::stats::Stats;
 
 /// The flights of a whole-file fetch an open waits for.

@@ -747,7 +747,7 @@ impl CachingFs {
             }
             match self.replay_one(&e, log, &mut produced) {
                 Ok(()) => failpoint_after_replay(),
-                Err(err) if crate::health::may_mean_unreachable(&err) => {
+                Err(err) if crate::source::may_mean_unreachable(&err) => {
                     return Err(format!("replay of offline change {} stopped: {err}", e.seq));
                 }
                 Err(err) => {
@@ -1161,7 +1161,7 @@ impl CachingFs {
         let mut off = 0u64;
         loop {
             let mut buf = vec![0u8; COPY_PIECE];
-            let n = super::read_full(src, &mut buf, off)?;
+            let n = crate::source::read_full(src, &mut buf, off)?;
             if n == 0 {
                 break;
             }
@@ -1218,7 +1218,7 @@ impl CachingFs {
         let mut off = 0u64;
         loop {
             let mut a = vec![0u8; COPY_PIECE];
-            let n = super::read_full(mine, &mut a, off)?;
+            let n = crate::source::read_full(mine, &mut a, off)?;
             if n == 0 {
                 return Ok(true);
             }
@@ -1226,7 +1226,7 @@ impl CachingFs {
             let t = theirs.clone();
             let b = self.source.call_anyway(move |_| {
                 let mut b = vec![0u8; n];
-                let got = super::read_full(&t, &mut b, off)?;
+                let got = crate::source::read_full(&t, &mut b, off)?;
                 b.truncate(got);
                 Ok(b)
             })?;
@@ -1264,9 +1264,9 @@ impl CachingFs {
             let (mut a, mut b) = (vec![0u8; COPY_PIECE], vec![0u8; COPY_PIECE]);
             let mut off = 0;
             while off < len {
-                let n = super::read_full(sent, &mut a, off)?;
+                let n = crate::source::read_full(sent, &mut a, off)?;
                 if n == 0
-                    || super::read_full(&files.data, &mut b[..n], off)? != n
+                    || crate::source::read_full(&files.data, &mut b[..n], off)? != n
                     || a[..n] != b[..n]
                 {
                     return Ok(false);
