@@ -8,6 +8,7 @@ pub mod config;
 pub mod config_file;
 pub mod control;
 pub mod fetch;
+pub mod fetch_pool;
 pub mod fs;
 pub mod fuse_adapter;
 pub mod health;

@@ -14,7 +14,8 @@ use std::sync::{Arc, Weak};
 use fuser::Errno;
 
 use super::{CachingFs, FileState, Handle, Result, errno, now_millis};
-use crate::fetch::{End, FileFetch, FileJob, Flight, Job, SourceFd, Step, Task};
+use crate::fetch::{End, FileFetch, Flight, SourceFd, Step};
+use crate::fetch_pool::{FileJob, Job, Task};
 use crate::inode::Inode;
 use crate::object_tree::SourceReader;
 use crate::source::read_full;
