@@ -1743,6 +1743,17 @@ impl CachingFs {
         self.finish_open(inode, guard, false, None, true, make_backing)
     }
 
+    /// `path` no longer leads to `inode`'s file: the node stops answering to it, and the
+    /// kernel forgets its entry for it.
+    fn drop_stale_name(&self, inode: &Inode, path: &Path) {
+        let parent = inode.parent();
+        inode.remove_name(path);
+        if let Some(name) = path.file_name() {
+            self.coherence
+                .notify(Notice::Entry(parent, name.to_os_string()));
+        }
+    }
+
     fn open_online(
         &self,
         inode: &Arc<Inode>,
@@ -1754,27 +1765,34 @@ impl CachingFs {
         let id = inode.id;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.ensure_listed(path.parent().unwrap_or(Path::new("")));
-        let (path_fd, st) = if self.source.is_object() {
-            (None, self.source.stat(&path).map_err(errno)?)
+        let looked = if self.source.is_object() {
+            self.source.stat(&path).map(|st| (None, st))
         } else {
-            let fd = self
-                .source
+            self.source
                 .openat(&path, rustix::fs::OFlags::PATH, 0)
-                .map_err(errno)?;
-            let st = self.source.fstat(fd.as_fd()).map_err(errno)?;
-            (Some(fd), st)
+                .and_then(|fd| {
+                    let st = self.source.fstat(fd.as_fd())?;
+                    Ok((Some(fd), st))
+                })
+        };
+        let (path_fd, st) = match looked {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // The name this node knows the file by is gone, while the kernel reached
+                // the node by a name it still holds: a listing read just before a rename
+                // behind the mount can name the node last by the name renamed away. On
+                // ESTALE the kernel looks its name up again, which names the node rightly
+                // (or answers ENOENT if the file is gone).
+                self.drop_stale_name(&inode, &path);
+                return Err(Errno::ESTALE);
+            }
+            r => r.map_err(errno)?,
         };
         if self.stable_ino && (st.dev, st.ino) != inode.key {
             // Another file has the name now (renamed over it behind the mount, and no
             // watcher told the kernel yet). This node stays with the file it was looked up
             // as, whose open handles keep reading it; the kernel looks the name up again on
             // ESTALE and opens the node of the file the name leads to now.
-            let parent = inode.parent();
-            inode.remove_name(&path);
-            if let Some(name) = path.file_name() {
-                self.coherence
-                    .notify(Notice::Entry(parent, name.to_os_string()));
-            }
+            self.drop_stale_name(&inode, &path);
             return Err(Errno::ESTALE);
         }
         if !st.is_file() {
