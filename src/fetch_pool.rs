@@ -22,11 +22,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::fetch::{FileFetch, Flight, SourceFd};
-use crate::inode::Inode;
 
-/// What a worker does: finish a flight.
-pub struct Job {
-    pub inode: Arc<Inode>,
+/// What a worker does: finish a flight of a file; `N`: the file system's node.
+pub struct Job<N> {
+    pub inode: Arc<N>,
     pub ff: Arc<FileFetch>,
     pub flight: Arc<Flight>,
     pub src: Arc<SourceFd>,
@@ -58,12 +57,12 @@ impl FileJob {
 }
 
 /// What the workers take from the queue.
-pub enum Task {
-    Chunk(Job),
+pub enum Task<N> {
+    Chunk(Job<N>),
     File(FileJob),
 }
 
-impl Task {
+impl<N> Task<N> {
     /// Bytes it counts against `fetch_inflight`.
     pub fn bytes(&self) -> u64 {
         match self {
@@ -87,8 +86,8 @@ pub struct FetchTunables {
 }
 
 /// The engine's shared part: the job queue, its budget and the descriptor count.
-pub struct Fetcher {
-    queue: Mutex<VecDeque<Task>>,
+pub struct Fetcher<N> {
+    queue: Mutex<VecDeque<Task<N>>>,
     cv: Condvar,
     /// Workers started (0 in a `CachingFs` without them: readers then fetch everything).
     pub workers: AtomicUsize,
@@ -100,7 +99,7 @@ pub struct Fetcher {
     pub dirs: DirPrefetch,
 }
 
-impl std::fmt::Debug for Fetcher {
+impl<N> std::fmt::Debug for Fetcher<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fetcher")
             .field("workers", &self.workers)
@@ -109,8 +108,8 @@ impl std::fmt::Debug for Fetcher {
     }
 }
 
-impl Fetcher {
-    pub fn new(window: u64, inflight: u64, fds: u64, dir_prefetch: u64) -> Fetcher {
+impl<N> Fetcher<N> {
+    pub fn new(window: u64, inflight: u64, fds: u64, dir_prefetch: u64) -> Fetcher<N> {
         Fetcher {
             queue: Mutex::default(),
             cv: Condvar::new(),
@@ -157,7 +156,7 @@ impl Fetcher {
 
     /// Queues `job` if a worker exists and it fits the in-flight budget; gives it back
     /// otherwise. `front`: ahead of prefetches (the rest of a chunk a reader is waiting in).
-    pub fn try_queue(&self, job: Job, front: bool) -> Result<(), Job> {
+    pub fn try_queue(&self, job: Job<N>, front: bool) -> Result<(), Job<N>> {
         match self.try_queue_task(Task::Chunk(job), front) {
             Ok(()) => Ok(()),
             Err(Task::Chunk(j)) => Err(j),
@@ -171,7 +170,7 @@ impl Fetcher {
         self.try_queue_task(Task::File(job), false).is_ok()
     }
 
-    fn try_queue_task(&self, task: Task, front: bool) -> Result<(), Task> {
+    fn try_queue_task(&self, task: Task<N>, front: bool) -> Result<(), Task<N>> {
         if self.workers.load(Relaxed) == 0 {
             return Err(task);
         }
@@ -212,7 +211,7 @@ impl Fetcher {
     }
 
     /// The next job (blocks).
-    pub fn pop(&self) -> Task {
+    pub fn pop(&self) -> Task<N> {
         let mut q = self.queue.lock().unwrap();
         loop {
             if let Some(j) = q.pop_front() {
@@ -405,7 +404,7 @@ mod tests {
 
     #[test]
     fn tunables_change_live_and_bound_the_queue() {
-        let f = Fetcher::new(8, 1 << 20, 2, 16);
+        let f = Fetcher::<()>::new(8, 1 << 20, 2, 16);
         // Two descriptors at most.
         let open = || File::open("/dev/null").map(crate::object_tree::SourceReader::File);
         let a = f.open_source(open).unwrap();

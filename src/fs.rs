@@ -42,9 +42,8 @@ use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
 use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
 use crate::fetch::{FileFetch, HandleFetch, SourceFd};
-use crate::fetch_pool::Fetcher;
 use crate::health::{GuardedSource, Health};
-use crate::inode::{Inode, InodeLimits, InodeTable};
+use crate::inode::InodeLimits;
 use crate::object_tree::SourceReader;
 use crate::oplog::OpLog;
 use crate::source::{BeneathRoot, SetAttr, Stat, fstat};
@@ -78,6 +77,14 @@ const ESTALE_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a writer waits for passthrough readers whose release is still on its way.
 const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+/// A node of this file system: the inode table's entry, holding a regular file's cache
+/// state while it is open.
+pub type Inode = crate::inode::Inode<FileState>;
+/// The inode table of this file system (`inode.rs`).
+pub type InodeTable = crate::inode::InodeTable<FileState>;
+/// The fetch workers' queue, whose jobs name this file system's nodes (`fetch_pool.rs`).
+pub type Fetcher = crate::fetch_pool::Fetcher<Inode>;
 
 /// Cache state of one regular file while it is open through the mount.
 #[derive(Debug)]

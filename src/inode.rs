@@ -27,12 +27,15 @@
 //!   names the least recently looked-up ones so that the caller can ask the kernel to drop
 //!   their dentries (FUSE `notify_inval_entry`); their `forget`s then shrink the table.
 //! - Nothing outside the table holds a node id it could dereference after a free: handles
-//!   own an `Arc<Inode>` (and the kernel holds a count for every open file), and everything
+//!   own an `Arc<Inode<F>>` (and the kernel holds a count for every open file), and everything
 //!   else goes through [`InodeTable::get`], which answers `None` for a freed id.
 //!
 //! The free list and the recency list are queues with lazy deletion: each entry carries a
 //! stamp, a queue item whose stamp no longer matches is skipped, and a queue is compacted
 //! when more than half of it is stale, so every operation is O(1) amortised.
+//!
+//! `F` is what the file system keeps per open regular file (`fs::FileState`, the cache
+//! entry); the table only holds it, under each node's mutex, and never looks inside.
 //!
 //! Lock order: `InodeTable::inner` before `Inode::names` before `Inode::file`.
 
@@ -43,7 +46,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::fs::FileState;
 use crate::source::Stat;
 use crate::stats::InodeSnapshot;
 
@@ -98,7 +100,7 @@ impl InodeLimits {
 }
 
 #[derive(Debug)]
-pub struct Inode {
+pub struct Inode<F> {
     /// Immutable identity.
     pub id: u64,
     /// `S_IF*` type bits; a name whose type changes gets a new inode.
@@ -111,7 +113,7 @@ pub struct Inode {
     /// last used first. More than one only for hard links.
     pub names: Mutex<Vec<PathBuf>>,
     /// Cache state of a regular file while it is open through the mount.
-    pub file: Mutex<Option<FileState>>,
+    pub file: Mutex<Option<F>>,
     /// Names taken from this inode while its cache state may be loaded (cleared when it
     /// unloads): its data file may still be the cache entry of such a name, so the
     /// cleaner keeps away from it (a file replaced behind the mount while open).
@@ -133,16 +135,16 @@ pub struct Inode {
 }
 
 /// An own change of an inode under way (`Inode::changing`), ended on drop.
-pub struct OwnChange(Arc<Inode>);
+pub struct OwnChange<F>(Arc<Inode<F>>);
 
-impl Drop for OwnChange {
+impl<F> Drop for OwnChange<F> {
     fn drop(&mut self) {
         self.0.changing.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-impl Inode {
-    fn new(id: u64, file_type: u32, key: (u64, u64), parent: u64, path: &Path) -> Inode {
+impl<F> Inode<F> {
+    fn new(id: u64, file_type: u32, key: (u64, u64), parent: u64, path: &Path) -> Inode<F> {
         Inode {
             id,
             file_type,
@@ -158,7 +160,7 @@ impl Inode {
     }
 
     /// Marks an own change of this file under way until the result is dropped.
-    pub fn own_change(self: &Arc<Self>) -> OwnChange {
+    pub fn own_change(self: &Arc<Self>) -> OwnChange<F> {
         self.changing.fetch_add(1, Ordering::AcqRel);
         OwnChange(self.clone())
     }
@@ -241,14 +243,14 @@ impl Inode {
         self.parent.load(Ordering::Relaxed)
     }
 
-    pub fn file(&self) -> MutexGuard<'_, Option<FileState>> {
+    pub fn file(&self) -> MutexGuard<'_, Option<F>> {
         self.file.lock().unwrap()
     }
 }
 
 #[derive(Debug)]
-struct Entry {
-    inode: Arc<Inode>,
+struct Entry<F> {
+    inode: Arc<Inode<F>>,
     /// The kernel's lookup count; zero means the entry is on the free list.
     count: u64,
     /// Matches the entry's one valid item in `free_q` (count zero) or `recent` (count above
@@ -272,8 +274,8 @@ struct Counters {
 }
 
 #[derive(Debug)]
-struct Inner {
-    by_id: HashMap<u64, Entry>,
+struct Inner<F> {
+    by_id: HashMap<u64, Entry<F>>,
     by_key: HashMap<(u64, u64), u64>,
     next_id: u64,
     next_stamp: u64,
@@ -290,14 +292,14 @@ struct Inner {
 }
 
 #[derive(Debug)]
-pub struct InodeTable {
-    inner: Mutex<Inner>,
+pub struct InodeTable<F> {
+    inner: Mutex<Inner<F>>,
     epoch: Instant,
     /// Added to the clock; only tests move it.
     skew_ms: AtomicU64,
 }
 
-impl Inner {
+impl<F> Inner<F> {
     fn stamp(&mut self) -> u64 {
         self.next_stamp += 1;
         self.next_stamp
@@ -433,8 +435,8 @@ impl Inner {
     }
 }
 
-impl InodeTable {
-    pub fn new(root: &Stat, limits: InodeLimits) -> InodeTable {
+impl<F> InodeTable<F> {
+    pub fn new(root: &Stat, limits: InodeLimits) -> InodeTable<F> {
         let mut inner = Inner {
             by_id: HashMap::new(),
             by_key: HashMap::new(),
@@ -488,7 +490,7 @@ impl InodeTable {
     }
 
     /// The entry of node id `id`, if the table still has it (referenced or on the free list).
-    pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
+    pub fn get(&self, id: u64) -> Option<Arc<Inode<F>>> {
         self.inner
             .lock()
             .unwrap()
@@ -517,7 +519,7 @@ impl InodeTable {
     /// Records one kernel reference to the object `st` reached at `path` in directory
     /// `parent`, returning its entry: the existing one for a known `(dev, ino)` of the same
     /// type (revived from the free list if the kernel had forgotten it), else a new one.
-    pub fn lookup(&self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode> {
+    pub fn lookup(&self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode<F>> {
         let now = self.now();
         let mut guard = self.inner.lock().unwrap();
         let inner = &mut *guard;
@@ -572,7 +574,7 @@ impl InodeTable {
     /// reference: the existing one (as `find`), or a new one put straight on the free list,
     /// freed like a forgotten entry unless the kernel looks it up. For the directory
     /// prefetch, which fetches files the kernel has not looked up yet.
-    pub fn entry_unreferenced(&self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode> {
+    pub fn entry_unreferenced(&self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode<F>> {
         let now = self.now();
         let mut guard = self.inner.lock().unwrap();
         let inner = &mut *guard;
@@ -608,7 +610,7 @@ impl InodeTable {
 
     /// The entry for the object `st` (at `path`, which becomes its first name), without
     /// taking a reference; `None` if the table has none.
-    pub fn find(&self, path: &Path, st: &Stat) -> Option<Arc<Inode>> {
+    pub fn find(&self, path: &Path, st: &Stat) -> Option<Arc<Inode<F>>> {
         let inner = self.inner.lock().unwrap();
         let id = inner.by_key.get(&(st.dev, st.ino))?;
         let inode = &inner.by_id.get(id)?.inode;
@@ -643,7 +645,7 @@ impl InodeTable {
 
     /// The last name of `inode` is gone from the source: a new object that gets the same
     /// source inode number must not be taken for it.
-    pub fn unlinked(&self, inode: &Inode) {
+    pub fn unlinked(&self, inode: &Inode<F>) {
         let mut inner = self.inner.lock().unwrap();
         if inner.by_key.get(&inode.key) == Some(&inode.id) {
             inner.by_key.remove(&inode.key);
@@ -749,7 +751,7 @@ impl InodeTable {
 
     /// Entries known by any of `paths`, each with that name: one pass over the table for
     /// a whole batch of watcher events.
-    pub fn holders_of(&self, paths: &HashSet<PathBuf>) -> Vec<(PathBuf, Arc<Inode>)> {
+    pub fn holders_of(&self, paths: &HashSet<PathBuf>) -> Vec<(PathBuf, Arc<Inode<F>>)> {
         if paths.is_empty() {
             return Vec::new();
         }
@@ -766,7 +768,7 @@ impl InodeTable {
     }
 
     /// Every entry the kernel references.
-    pub fn referenced(&self) -> Vec<Arc<Inode>> {
+    pub fn referenced(&self) -> Vec<Arc<Inode<F>>> {
         let inner = self.inner.lock().unwrap();
         inner
             .by_id
@@ -834,7 +836,7 @@ mod tests {
         st(ino, libc::S_IFREG)
     }
 
-    fn table(max: usize, free_min: usize) -> InodeTable {
+    fn table(max: usize, free_min: usize) -> InodeTable<()> {
         let mut l = InodeLimits::new(max);
         l.free_min = free_min;
         InodeTable::new(&st(2, libc::S_IFDIR), l)
@@ -1010,7 +1012,7 @@ mod tests {
     #[test]
     fn referenced_entries_are_never_freed_even_far_over_the_maximum() {
         let t = table(10, 0);
-        let held: Vec<Arc<Inode>> = (0..1000)
+        let held: Vec<Arc<Inode<()>>> = (0..1000)
             .map(|i| t.lookup(ROOT_ID, &PathBuf::from(format!("f{i}")), &file(100 + i)))
             .collect();
         t.advance(Duration::from_secs(100));

@@ -12,9 +12,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use super::Inode;
 use super::{CachingFs, child};
 use crate::coherence::{Batch, Notice};
-use crate::inode::Inode;
 use crate::source::Stat;
 
 impl CachingFs {

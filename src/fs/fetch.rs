@@ -13,10 +13,10 @@ use std::sync::{Arc, Weak};
 
 use fuser::Errno;
 
+use super::Inode;
 use super::{CachingFs, FileState, Handle, Result, errno, now_millis};
 use crate::fetch::{End, FileFetch, Flight, SourceFd, Step};
 use crate::fetch_pool::{FileJob, Job, Task};
-use crate::inode::Inode;
 use crate::object_tree::SourceReader;
 use crate::source::read_full;
 use crate::stats::Stats;
@@ -744,7 +744,7 @@ impl CachingFs {
         }
     }
 
-    fn run_job(&self, job: &Job) {
+    fn run_job(&self, job: &Job<Inode>) {
         let ctx = Ctx {
             inode: &job.inode,
             ff: &job.ff,

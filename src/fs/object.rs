@@ -14,10 +14,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FopenFlags};
 
+use super::Inode;
 use super::{CachingFs, FileState, Handle, Opened, Result, attr_of, child, errno};
 use crate::cache::store::write_record;
 use crate::fetch::{FileFetch, HandleFetch};
-use crate::inode::Inode;
 use crate::source::{SetAttr, Stat, TimeSpec};
 
 fn time_of((s, ns): (i64, u32)) -> SystemTime {

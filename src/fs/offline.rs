@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use fuser::{Errno, FileAttr, FileType};
 
+use super::Inode;
 use super::{CachingFs, DirList, FileState, ListEntry, Result, attr_of, child, kind_of};
 use crate::cache::listing::{DirListing, ListedEntry};
 use crate::cache::store::read_record;
-use crate::inode::Inode;
 use crate::source::Stat;
 
 /// A saved listing is taken again after this long even if the directory looks unchanged:

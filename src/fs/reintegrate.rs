@@ -32,12 +32,12 @@ use std::time::SystemTime;
 
 use fuser::{Errno, FileAttr};
 
+use super::Inode;
 use super::{CachingFs, Handle, Opened, Result, attr_of, child};
 use crate::cache::listing::{DirListing, ListedEntry};
 use crate::cache::store::write_record;
 use crate::config::OfflineWrites;
 use crate::fetch::FileFetch;
-use crate::inode::Inode;
 use crate::oplog::{Base, Entry, Ident, Op, OpLog, Produced, bytes};
 use crate::source::{SetAttr, Stat, TimeSpec};
 
