@@ -26,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 mod changes;
+mod entry;
 mod fetch;
 mod object;
 mod offline;
@@ -33,7 +34,6 @@ mod reintegrate;
 pub use changes::spawn_coherence_threads;
 pub use fetch::spawn_fetch_workers;
 
-use crate::cache::record::DataIdentity;
 use crate::cache::record::chunk_count;
 use crate::cache::source_info::SourceInfo;
 use crate::cache::store::{CacheFiles, read_record, write_record};
@@ -41,7 +41,7 @@ use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{EvictTarget, Limits, Pins, Usage};
 use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
-use crate::fetch::{FileFetch, HandleFetch, SourceFd};
+use crate::fetch::{FileFetch, HandleFetch};
 use crate::health::{GuardedSource, Health};
 use crate::inode::InodeLimits;
 use crate::object_tree::SourceReader;
@@ -78,6 +78,9 @@ const ESTALE_RETRY: Duration = Duration::from_secs(1);
 /// How long a writer waits for passthrough readers whose release is still on its way.
 const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
 
+use entry::Env;
+pub use entry::FileState;
+
 /// A node of this file system: the inode table's entry, holding a regular file's cache
 /// state while it is open.
 pub type Inode = crate::inode::Inode<FileState>;
@@ -85,49 +88,6 @@ pub type Inode = crate::inode::Inode<FileState>;
 pub type InodeTable = crate::inode::InodeTable<FileState>;
 /// The fetch workers' queue, whose jobs name this file system's nodes (`fetch_pool.rs`).
 pub type Fetcher = crate::fetch_pool::Fetcher<Inode>;
-
-/// Cache state of one regular file while it is open through the mount.
-#[derive(Debug)]
-pub struct FileState {
-    /// The cache files; `None` when the cache cannot be used for this file (I/O errors),
-    /// in which case every read goes to the source.
-    files: Option<CacheFiles>,
-    record: CacheRecord,
-    /// A read-only descriptor of the source file, for fetching; opened while the file is
-    /// not fully cached, so that fetches work even after the name is unlinked. Counted
-    /// against `fetch_fds`; fetches in flight hold it too.
-    fetch_src: Option<Arc<SourceFd>>,
-    /// In-flight chunks and the generation of the cached content (`crate::fetch`).
-    fetch: Arc<FileFetch>,
-    /// An `O_PATH` descriptor of the source file (cheap: no open on the server), so that
-    /// `fstat` of an open file whose name is gone still answers.
-    path_fd: Option<OwnedFd>,
-    daemon_opens: u32,
-    passthrough_opens: u32,
-    /// Handles open for writing to the source (counted in `daemon_opens` too). While any
-    /// is open the node cannot keep an old version apart (`keep_version`): their writes
-    /// reach the source file that the name's new node would serve.
-    writers: u32,
-    /// Opens waiting for a whole-file fetch (not counted in the opens yet).
-    opening: u32,
-    backing: Weak<BackingId>,
-    /// Chunks fetched since the record was last made durable.
-    unsynced: u32,
-    /// A write went to the source since the last checkpoint (the on-disk record is dirty).
-    written: bool,
-    /// Offline (`--offline-writes=log`): the source version the file's offline changes
-    /// are made to, set when it is first opened for writing offline.
-    offline_base: Option<crate::oplog::Base>,
-    /// The file's attributes when its last name was unlinked while it was open: an
-    /// object store keeps nothing to `fstat` (a POSIX source has `path_fd`).
-    unlinked: Option<Stat>,
-}
-
-impl FileState {
-    fn complete(&self) -> bool {
-        self.files.is_some() && self.record.is_complete()
-    }
-}
 
 /// An open regular file.
 #[derive(Debug)]
@@ -598,6 +558,16 @@ impl CachingFs {
         id
     }
 
+    /// What a cache entry's rules need of this file system (`entry.rs`).
+    fn env(&self) -> Env<'_> {
+        Env {
+            cache: &self.cache,
+            usage: &self.usage,
+            stats: &self.stats.cache,
+            chunk_size: self.cfg.chunk_size,
+        }
+    }
+
     /// The identity to record for the version `st` that is about to be cached (or was just
     /// written): racy when it was taken within the source's timestamp granularity of its
     /// mtime, so that a rewrite in the same tick, which would look the same, cannot keep
@@ -670,7 +640,7 @@ impl CachingFs {
             return false;
         }
         state.record.identity = rec.identity;
-        self.persist_record(state, false);
+        state.persist_record(&self.env(), false);
         true
     }
 
@@ -1268,7 +1238,7 @@ impl CachingFs {
             .collect();
         for inode in renamed {
             if let Some(state) = inode.file().as_ref() {
-                Self::noted(state);
+                state.noted();
             }
         }
     }
@@ -1300,7 +1270,7 @@ impl CachingFs {
                 {
                     state.record.identity = self.recorded_identity(&now);
                     if !state.written {
-                        self.persist_record(state, false);
+                        state.persist_record(&self.env(), false);
                     }
                 }
                 return;
@@ -1331,7 +1301,7 @@ impl CachingFs {
         let mut guard = inode.file();
         if let Some(state) = guard.as_mut() {
             state.fetch.invalidate();
-            self.mark_written(state);
+            state.mark_written(&self.env());
         }
         let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
         let after = match (fd, path) {
@@ -1345,18 +1315,18 @@ impl CachingFs {
                     let ok = state
                         .files
                         .as_ref()
-                        .map(|f| self.counted(&f.data, || f.data.set_len(size)))
+                        .map(|f| entry::counted(&self.usage, &f.data, || f.data.set_len(size)))
                         .transpose()
                         .is_ok();
-                    Self::noted(state);
+                    state.noted();
                     if ok && after.size == size {
                         state.record.resize(size);
                         state.record.identity = self.recorded_identity(after);
                     } else {
-                        self.drop_cached(state);
+                        state.drop_cached();
                     }
                 }
-                _ => self.drop_cached(state),
+                _ => state.drop_cached(),
             },
             None => {
                 if let Some(Err(e)) = path.map(|p| self.uncache(p)) {
@@ -2162,7 +2132,12 @@ impl CachingFs {
             // A file just created included: with no record before it, no crash can pair
             // its data file with a record that claims bytes (a later write marks the
             // record dirty durably, `mark_written`).
-            self.reset_as(&mut state, st, had_record, Some(path));
+            state.reset_as(
+                &self.env(),
+                self.recorded_identity(st),
+                had_record,
+                Some(path),
+            );
         } else {
             // As read_record found it: what the record vouches for.
             state.fetch.set_own(Some(state.record.data));
@@ -2181,81 +2156,7 @@ impl CachingFs {
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
     fn reset(&self, state: &mut FileState, st: &Stat, path: Option<&Path>) {
-        self.reset_as(state, st, true, path);
-    }
-
-    /// `reset`; `durable`: the empty record is synced before the data file changes
-    /// (needed whenever an older record could claim chunks of the data file). A data file
-    /// that holds bytes is never truncated or rewritten: someone may still read it (the
-    /// kernel's passthrough backing, a mapping, an open file keeping its version), so the
-    /// new version gets a new data file, renamed over the old one (`replace_data`).
-    /// `path`: the cache entry's name; `None` for a file whose names are gone, whose data
-    /// file nobody can reach any more (it is then emptied in place).
-    fn reset_as(&self, state: &mut FileState, st: &Stat, durable: bool, path: Option<&Path>) {
-        state.fetch.invalidate();
-        state.record = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
-        state.unsynced = 0;
-        state.written = false;
-        if path.is_some() {
-            // The fetch descriptor may be of another file than the new version (one renamed
-            // over the name): the next fetch opens the source anew for the new identity.
-            state.fetch_src = None;
-        }
-        let Some(files) = &mut state.files else {
-            return;
-        };
-        let r = self.fresh_data(files, &state.record, durable, path, false);
-        match r {
-            Ok(true) => {
-                // Flights and hints of the old data file end with it.
-                state.fetch.kill();
-                state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
-            }
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!("cannot reset cache file: {e}");
-                Stats::add(&self.stats.cache.cache_errors, 1);
-                state.files = None;
-                return;
-            }
-        }
-        Self::noted(state);
-    }
-
-    /// Makes `files` hold the empty record `rec` and a data file of its size with nothing
-    /// in it: a new data file at `path` if the old one holds bytes (or with `replace`).
-    /// Returns whether the data file was replaced. Crash rules: the empty record is written (durably with `durable`)
-    /// before anything happens to the data, and the new data file is vouched for only by a
-    /// record written after it is in place.
-    fn fresh_data(
-        &self,
-        files: &mut CacheFiles,
-        rec: &CacheRecord,
-        durable: bool,
-        path: Option<&Path>,
-        replace: bool,
-    ) -> io::Result<bool> {
-        write_record(files, rec, durable)?;
-        let size = rec.identity.size;
-        let held = replace || files.data.metadata()?.len() > 0;
-        match path {
-            Some(path) if held => {
-                // The old file's blocks go when its last holder closes it; the new one
-                // starts as a hole.
-                let old = fstat(files.data.as_fd()).map_or(0, |st| st.blocks * 512);
-                files.data = self.cache.replace_data(path, size)?;
-                self.usage.adjust(old, 0);
-                write_record(files, rec, false)?;
-                Ok(true)
-            }
-            _ => {
-                self.counted(&files.data, || {
-                    files.data.set_len(0)?;
-                    files.data.set_len(size)
-                })?;
-                Ok(false)
-            }
-        }
+        state.reset_as(&self.env(), self.recorded_identity(st), true, path);
     }
 
     /// The name of `inode` if it still leads to the inode's own source file: its cache entry
@@ -2305,7 +2206,7 @@ impl CachingFs {
             let rec = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
             let moved = files.data.try_clone().and_then(|data| {
                 let mut entry = CacheFiles { data, meta };
-                self.fresh_data(&mut entry, &rec, true, Some(path), true)
+                entry::fresh_data(&self.env(), &mut entry, &rec, true, Some(path), true)
             });
             if let Err(e) = moved {
                 // The old data file may still be the entry's: drop the entry (record
@@ -2318,7 +2219,7 @@ impl CachingFs {
             }
         }
         // Replaced by our rename: the old file's ctime moved with its link count.
-        Self::noted(state);
+        state.noted();
         inode.retire();
         Stats::add(&self.stats.cache.versions_kept, 1);
         if let Some(name) = path.as_deref().and_then(Path::file_name) {
@@ -2326,134 +2227,6 @@ impl CachingFs {
                 .notify(Notice::Entry(inode.parent(), name.to_os_string()));
         }
         true
-    }
-
-    /// Stops using the cache for this open file (after a failed cache write or an
-    /// inconsistent source): the record is made empty so nothing stale is ever served.
-    fn drop_cached(&self, state: &mut FileState) {
-        state.fetch.invalidate();
-        let identity = state.record.identity;
-        state.record = CacheRecord::empty(identity, state.record.chunk_size);
-        if let Some(files) = &state.files
-            && write_record(files, &state.record, true).is_err()
-        {
-            state.files = None;
-        }
-        state.unsynced = 0;
-    }
-
-    /// Before the first write of an open session: the on-disk record says "dirty", durably,
-    /// so that a crash between the source write and the cache write cannot leave a record
-    /// that claims the old bytes are current.
-    fn mark_written(&self, state: &mut FileState) {
-        if state.written {
-            return;
-        }
-        state.written = true;
-        state.record.dirty = true;
-        if let Some(files) = &state.files
-            && let Err(e) = write_record(files, &state.record, true)
-        {
-            tracing::warn!("cannot mark cache record dirty: {e}");
-            Stats::add(&self.stats.cache.cache_errors, 1);
-            state.files = None;
-        }
-    }
-
-    /// hoardfs has just changed the state's data file (see `FileFetch::own`).
-    fn noted(state: &FileState) {
-        if let Some(files) = &state.files {
-            state.fetch.note_written(&files.data);
-        }
-    }
-
-    /// Whether the data file is as hoardfs itself last left it (`FileFetch::own`); true
-    /// where that is not known. A record may only vouch for data hoardfs wrote: call this
-    /// before stamping a record that claims chunks.
-    fn data_is_ours(&self, state: &FileState) -> bool {
-        let Some(files) = &state.files else {
-            return true;
-        };
-        let ff = &state.fetch;
-        let now = ff.quiet(|| fstat(files.data.as_fd()));
-        match (ff.own(), now) {
-            // A data file no name leads to any more (unlinked or replaced, by us or not) is
-            // never loaded again, whatever its record says.
-            // A ctime earlier than the one noted is not someone else's later change: this
-            // kernel's ctimes of one file need not be in order (a coarse-grained update can
-            // stamp an earlier time than a fine-grained one our note read), which concurrent
-            // piece writes showed.
-            (Some(own), Ok(st)) => {
-                let now = DataIdentity::of(&st);
-                st.nlink == 0 || (own.ino == now.ino && now.ctime <= own.ctime)
-            }
-            _ => true,
-        }
-    }
-
-    /// The data file was changed behind hoardfs's back while the file was loaded (edited
-    /// in the cache directory): nothing of it is vouched for any more. The record is
-    /// emptied (durably), so every chunk is fetched again; nothing is stamped as valid.
-    fn discard_foreign_data(&self, state: &mut FileState) {
-        let now = state
-            .files
-            .as_ref()
-            .and_then(|f| fstat(f.data.as_fd()).ok())
-            .map(|st| DataIdentity::of(&st));
-        tracing::warn!(
-            own = ?state.fetch.own(),
-            ?now,
-            "a cache data file was changed behind hoardfs's back; refetching it"
-        );
-        Stats::add(&self.stats.cache.corrupt_records, 1);
-        state.fetch.invalidate();
-        state.record = CacheRecord::empty(state.record.identity, state.record.chunk_size);
-        state.unsynced = 0;
-        state.written = false;
-        if let Some(files) = &state.files {
-            match write_record(files, &state.record, true) {
-                // The empty record vouches for nothing; from here the file is hoardfs's.
-                Ok(()) => state.fetch.set_own(
-                    fstat(files.data.as_fd())
-                        .ok()
-                        .map(|st| DataIdentity::of(&st)),
-                ),
-                Err(_) => state.files = None,
-            }
-        }
-    }
-
-    /// Makes fetched chunks and written data durable and the record match them.
-    fn checkpoint(&self, state: &mut FileState) {
-        if state.unsynced == 0 && !state.written {
-            return;
-        }
-        if !self.data_is_ours(state) {
-            self.discard_foreign_data(state);
-            return;
-        }
-        let Some(files) = &state.files else {
-            state.unsynced = 0;
-            return;
-        };
-        let r = files.data.sync_data().and_then(|_| {
-            state.record.dirty = false;
-            write_record(files, &state.record, true)
-        });
-        match r {
-            Ok(()) => {
-                Stats::add(&self.stats.cache.checkpoints, 1);
-                state.unsynced = 0;
-                state.written = false;
-                Self::noted(state);
-            }
-            Err(e) => {
-                tracing::warn!("cache checkpoint failed: {e}");
-                Stats::add(&self.stats.cache.cache_errors, 1);
-                state.record.dirty = true;
-                state.files = None;
-            }
-        }
     }
 
     /// Removes whatever the cache holds for `rel` (`CacheStore::remove`), counting what
@@ -2467,34 +2240,6 @@ impl CachingFs {
             self.usage.file_removed();
         }
         Ok(())
-    }
-
-    /// Runs `op` on the data file `f` and counts what it changed in the file's disk usage
-    /// (`Usage::adjust`): rewrites add nothing, truncations free.
-    fn counted<T>(&self, f: &File, op: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        let blocks = || fstat(f.as_fd()).map(|st| st.blocks * 512);
-        let before = blocks();
-        let r = op();
-        if let (Ok(b), Ok(a)) = (before, blocks()) {
-            self.usage.adjust(b, a);
-        }
-        r
-    }
-
-    /// Rewrites the record (its identity, last use), stamped with the data file as it is:
-    /// first checked to be as hoardfs left it, or the record would vouch for someone
-    /// else's bytes.
-    fn persist_record(&self, state: &mut FileState, durable: bool) {
-        if !self.data_is_ours(state) {
-            self.discard_foreign_data(state);
-            return;
-        }
-        if let Some(files) = &state.files
-            && write_record(files, &state.record, durable).is_err()
-        {
-            Stats::add(&self.stats.cache.cache_errors, 1);
-            state.files = None;
-        }
     }
 
     /// Fetches chunk `c` from the source into the cache file.
@@ -2530,7 +2275,7 @@ impl CachingFs {
         state.unsynced += 1;
         Stats::add(&self.stats.cache.chunks_fetched, 1);
         if state.unsynced >= self.cfg.checkpoint_chunks || state.record.is_complete() {
-            self.checkpoint(state);
+            state.checkpoint(&self.env());
         }
         Ok(())
     }
@@ -2564,14 +2309,14 @@ impl CachingFs {
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
         // Fetches in flight read the source before this write: none may land after it.
         state.fetch.invalidate();
-        self.mark_written(state);
+        state.mark_written(&self.env());
         let owned = data.to_vec();
         let written = self
             .source
             .with_fd(src.as_fd(), move |f| f.write_all_at(&owned, offset));
         if let Err(e) = written {
             // Part of the range may have reached the source: forget what we knew of it.
-            self.drop_cached(state);
+            state.drop_cached();
             return Err(errno(e));
         }
         Stats::add(&self.stats.cache.bytes_written, data.len() as u64);
@@ -2588,7 +2333,7 @@ impl CachingFs {
                     return Err(io::Error::from_raw_os_error(libc::ENOSPC));
                 }
                 // Counted by what the data file grew on disk: an overwrite adds nothing.
-                self.counted(&files.data, || {
+                entry::counted(&self.usage, &files.data, || {
                     if end > old_size {
                         files.data.set_len(end)?;
                     }
@@ -2601,7 +2346,7 @@ impl CachingFs {
                 if r.is_err() && admitted {
                     Stats::add(&self.stats.cache.cache_errors, 1);
                 }
-                self.drop_cached(state);
+                state.drop_cached();
                 if let Some(f) = state.files.as_ref() {
                     let _ = f.data.set_len(0).and_then(|_| f.data.set_len(after.size));
                 }
@@ -2623,7 +2368,7 @@ impl CachingFs {
                     state.record.set_present(c, true);
                 }
             }
-            Self::noted(state);
+            state.noted();
         }
         state.record.identity = self.recorded_identity(&after);
         Ok(data.len() as u32)
@@ -2667,7 +2412,7 @@ impl CachingFs {
             if h.uploads {
                 return self.object_store(&h.inode, state);
             }
-            self.checkpoint(state);
+            state.checkpoint(&self.env());
         }
         Ok(())
     }
@@ -2724,7 +2469,7 @@ impl CachingFs {
         let mut guard = h.inode.file();
         if let Some(state) = guard.as_mut() {
             state.fetch.invalidate();
-            self.mark_written(state);
+            state.mark_written(&self.env());
         }
         // Under the source guard: a hung source holds this file's lock no longer than the
         // source timeout.
@@ -2761,7 +2506,7 @@ impl CachingFs {
                     state.record.identity = self.recorded_identity(&after);
                 }
                 Ok(after) => {
-                    self.drop_cached(state);
+                    state.drop_cached();
                     let _ = state.files.as_ref().map(|f| f.data.set_len(after.size));
                     state.record.resize(after.size);
                     for c in 0..state.record.nchunks() {
@@ -2769,9 +2514,9 @@ impl CachingFs {
                     }
                     state.record.identity = self.recorded_identity(&after);
                 }
-                Err(_) => self.drop_cached(state),
+                Err(_) => state.drop_cached(),
             }
-            Self::noted(state);
+            state.noted();
         }
         res.map_err(errno)
     }

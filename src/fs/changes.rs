@@ -208,7 +208,7 @@ impl CachingFs {
         let data_event = data_event && st.nlink > 0;
         if !data_event && old.size == now.size && old.mtime == now.mtime {
             state.record.identity = self.recorded_identity(st);
-            self.persist_record(state, false);
+            state.persist_record(&self.env(), false);
             return Some(true);
         }
         if !self.keep_version(inode, state, st) {

@@ -243,7 +243,7 @@ impl CachingFs {
                 if let Some(state) = h.inode.file().as_mut()
                     && Arc::ptr_eq(&state.fetch, &ff)
                 {
-                    self.drop_cached(state);
+                    state.drop_cached();
                 }
                 return self.read_source(h, offset, size).map(Some);
             }
@@ -503,7 +503,7 @@ impl CachingFs {
             // returned), not on the open's path.
             let complete = state.record.is_complete();
             if state.unsynced >= self.cfg.checkpoint_chunks || (complete && state.opening == 0) {
-                self.checkpoint(state);
+                state.checkpoint(&self.env());
             }
             if state.record.is_complete() {
                 // Nothing left to fetch: give the descriptor back (jobs still holding it
@@ -601,9 +601,9 @@ impl CachingFs {
         // longer (the last of them unloads it).
         state.record.last_used = now_millis();
         if state.unsynced == 0 && !state.written {
-            self.persist_record(state, false);
+            state.persist_record(&self.env(), false);
         } else {
-            self.checkpoint(state);
+            state.checkpoint(&self.env());
         }
         if !state.fetch.busy() {
             self.unload(inode, guard);

@@ -103,7 +103,7 @@ impl CachingFs {
         Stats::add(&self.stats.cache.uploads, 1);
         Stats::add(&self.stats.cache.bytes_uploaded, after.size);
         state.record.identity = self.identity(&after);
-        self.checkpoint(state);
+        state.checkpoint(&self.env());
         Ok(())
     }
 
@@ -282,7 +282,7 @@ impl CachingFs {
                     }
                 } else {
                     state.record.identity = self.identity(&after);
-                    self.persist_record(state, false);
+                    state.persist_record(&self.env(), false);
                 }
             } else {
                 drop(guard);

@@ -243,7 +243,7 @@ impl CachingFs {
             state.files = Some(files);
         }
         state.fetch.invalidate();
-        self.mark_written(state);
+        state.mark_written(&self.env());
         let files = state.files.as_ref().ok_or(Errno::EIO)?;
         let size = f(&files.data, state.record.identity.size);
         state.fetch.note_written(&files.data);
@@ -272,7 +272,7 @@ impl CachingFs {
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
         self.offline_modify(state, path.as_deref(), |f, size| {
             // Counted by what the file grew on disk: an overwrite adds nothing.
-            self.counted(f, || f.write_all_at(data, offset))?;
+            super::entry::counted(&self.usage, f, || f.write_all_at(data, offset))?;
             Ok(size.max(offset + data.len() as u64))
         })?;
         Ok(data.len() as u32)
@@ -338,7 +338,7 @@ impl CachingFs {
             self.note_pending(&log);
         }
         state.offline_base = Some(Base::Chained);
-        self.checkpoint(state);
+        state.checkpoint(&self.env());
         Ok(())
     }
 
@@ -377,7 +377,7 @@ impl CachingFs {
         self.add_listed(&dir, name, st)?;
         drop(edits);
         // A new file is stored on close even if nothing is written to it.
-        self.mark_written(&mut state);
+        state.mark_written(&self.env());
         state.daemon_opens = 1;
         let inode = self.inodes.lookup(parent, &path, &st);
         *inode.file() = Some(state);
@@ -464,7 +464,7 @@ impl CachingFs {
                     state.record.identity.mtime = mtime;
                     state.record.identity.ctime = now;
                     if !state.written {
-                        self.persist_record(state, true);
+                        state.persist_record(&self.env(), true);
                     }
                 }
                 None => {
