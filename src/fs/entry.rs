@@ -140,8 +140,13 @@ impl FileState {
         }
         self.written = true;
         self.record.dirty = true;
+        // A record that claims no chunk cannot pair old bytes with the file after a crash,
+        // nor can any record on disk: one claims more than this only if written since the
+        // last checkpoint, and a loss of claims (reset, drop, truncation) is written durably
+        // or follows a durable mark. So a new file's first write waits for no sync.
+        let durable = self.record.present_count() > 0;
         if let Some(files) = &self.files
-            && let Err(e) = write_record(files, &self.record, true)
+            && let Err(e) = write_record(files, &self.record, durable)
         {
             tracing::warn!("cannot mark cache record dirty: {e}");
             Stats::add(&env.stats.cache_errors, 1);
@@ -225,9 +230,12 @@ impl FileState {
             self.unsynced = 0;
             return;
         };
+        // The data first, then a record that claims it. The record need not be synced: a
+        // crash that loses it leaves the one before, which is dirty (`mark_written`) or
+        // claims only chunks synced before; the cache loses this fill, and knows it.
         let r = files.data.sync_data().and_then(|_| {
             self.record.dirty = false;
-            write_record(files, &self.record, true)
+            write_record(files, &self.record, false)
         });
         match r {
             Ok(()) => {
