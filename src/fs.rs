@@ -99,18 +99,27 @@ pub struct Handle {
     passthrough: Option<Arc<BackingId>>,
     /// Sequential detection and the short-path hint.
     fetch: HandleFetch,
-    /// Opened for writing while offline: writes go to the cache file, and its content to
-    /// the offline log on close (`fs/reintegrate.rs`).
-    logged: bool,
-    /// Opened for writing on an object store: writes go to the cache file, which is
-    /// uploaded whole on close and fsync (`fs/object.rs`).
-    uploads: bool,
+    /// Where its writes go, decided at open.
+    writes: Writes,
+}
+
+/// Where an open file's writes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Writes {
+    /// To the source, then copied into the cache (write-through); read-only handles too.
+    Through,
+    /// Opened for writing while offline: to the cache file, whose content goes to the
+    /// offline log on close (`fs/reintegrate.rs`).
+    Logged,
+    /// Opened for writing on an object store: to the cache file, uploaded whole on close
+    /// and fsync (`fs/object.rs`).
+    Uploaded,
 }
 
 impl Handle {
     /// Whether writes go to the cache file rather than to the source.
     fn writes_to_cache(&self) -> bool {
-        self.logged || self.uploads
+        self.writes != Writes::Through
     }
 }
 
@@ -1605,8 +1614,7 @@ impl CachingFs {
                 writable,
                 passthrough: None,
                 fetch: HandleFetch::default(),
-                logged: false,
-                uploads: false,
+                writes: Writes::Through,
             }),
         );
         Ok((
@@ -1875,7 +1883,7 @@ impl CachingFs {
             }
             state.daemon_opens += 1;
             drop(guard);
-            return Ok(self.cache_write_handle(&inode, false));
+            return Ok(self.cache_write_handle(&inode, Writes::Uploaded));
         }
 
         if !state.complete() && state.fetch_src.is_none() {
@@ -1999,8 +2007,7 @@ impl CachingFs {
                 writable,
                 passthrough: backing.clone(),
                 fetch: HandleFetch::default(),
-                logged: false,
-                uploads: false,
+                writes: Writes::Through,
             }),
         );
         self.grant_lease(id);
@@ -2383,7 +2390,7 @@ impl CachingFs {
             && h.writes_to_cache()
             && let Some(state) = h.inode.file().as_mut()
         {
-            if h.uploads {
+            if h.writes == Writes::Uploaded {
                 return self.object_store(&h.inode, state);
             }
             return self.offline_store(&h.inode, state);
@@ -2406,10 +2413,10 @@ impl CachingFs {
                 .map_err(errno)?;
         }
         if let Some(state) = guard.as_mut() {
-            if h.logged {
+            if h.writes == Writes::Logged {
                 return self.offline_store(&h.inode, state);
             }
-            if h.uploads {
+            if h.writes == Writes::Uploaded {
                 return self.object_store(&h.inode, state);
             }
             state.checkpoint(&self.env());
@@ -2422,7 +2429,7 @@ impl CachingFs {
             return Err(Errno::EBADF);
         };
         let mut guard = h.inode.file();
-        if h.logged {
+        if h.writes == Writes::Logged {
             if let Some(state) = guard.as_mut()
                 && let Err(e) = self.offline_store(&h.inode, state)
             {
@@ -2430,7 +2437,7 @@ impl CachingFs {
             }
             self.offline_writers.fetch_sub(1, Ordering::Relaxed);
         }
-        if h.uploads
+        if h.writes == Writes::Uploaded
             && let Some(state) = guard.as_mut()
             && let Err(e) = self.object_store(&h.inode, state)
         {

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{Errno, FileAttr, FopenFlags};
 
 use super::Inode;
-use super::{CachingFs, FileState, Handle, Opened, Result, attr_of, child, errno};
+use super::{CachingFs, FileState, Handle, Opened, Result, Writes, attr_of, child, errno};
 use crate::cache::store::write_record;
 use crate::fetch::{FileFetch, HandleFetch};
 use crate::source::{SetAttr, Stat, TimeSpec};
@@ -58,9 +58,9 @@ impl CachingFs {
         Ok(())
     }
 
-    /// A handle whose writes go to the cache file: logged offline (`logged`), else
-    /// uploaded on close. Shared with `reintegrate::logged_handle`.
-    pub(super) fn cache_write_handle(&self, inode: &Arc<Inode>, logged: bool) -> Opened {
+    /// A handle whose writes go to the cache file (`writes`: logged offline, or uploaded on
+    /// close). Shared with `reintegrate::logged_handle`.
+    pub(super) fn cache_write_handle(&self, inode: &Arc<Inode>, writes: Writes) -> Opened {
         let fh = self.new_fh();
         self.handles.lock().unwrap().insert(
             fh,
@@ -70,8 +70,7 @@ impl CachingFs {
                 writable: true,
                 passthrough: None,
                 fetch: HandleFetch::default(),
-                logged,
-                uploads: !logged,
+                writes,
             }),
         );
         Opened {
@@ -165,7 +164,7 @@ impl CachingFs {
         }
         Ok((
             attr_of(inode.id, &st),
-            self.cache_write_handle(&inode, false),
+            self.cache_write_handle(&inode, Writes::Uploaded),
         ))
     }
 
@@ -192,7 +191,7 @@ impl CachingFs {
         }
         state.daemon_opens += 1;
         drop(guard);
-        Ok(self.cache_write_handle(inode, false))
+        Ok(self.cache_write_handle(inode, Writes::Uploaded))
     }
 
     /// The owner of a new object: the caller, with the directory's group where the

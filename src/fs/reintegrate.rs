@@ -220,7 +220,7 @@ impl CachingFs {
 
     fn logged_handle(&self, inode: &Arc<Inode>) -> Opened {
         self.offline_writers.fetch_add(1, Relaxed);
-        self.cache_write_handle(inode, true)
+        self.cache_write_handle(inode, super::Writes::Logged)
     }
 
     /// Changes the cache file of an offline-written file: `f(data, size)` returns the new
