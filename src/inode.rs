@@ -37,7 +37,8 @@
 //! `F` is what the file system keeps per open regular file (`fs::FileState`, the cache
 //! entry); the table only holds it, under each node's mutex, and never looks inside.
 //!
-//! Lock order: `InodeTable::inner` before `Inode::names` before `Inode::file`.
+//! Lock order: `InodeTable::inner` before the name index before `Inode::names` before
+//! `Inode::file`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
@@ -132,6 +133,26 @@ pub struct Inode<F> {
     /// (rename, link, chmod, utimens): until each records the new identity, an open or a
     /// watcher event that sees it must not take it for a change behind the mount.
     changing: AtomicU32,
+    /// The table's index of names (`NameIndex`).
+    index: Arc<NameIndex>,
+}
+
+/// Node ids by name, so that a batch of watcher events finds the entries known by its
+/// names without a pass over the whole table (`InodeTable::holders_of`). A superset:
+/// every name an entry takes is added, and a reader checks each id against the entry's
+/// names then; ids of freed entries are dropped when read, and the index is rebuilt
+/// when stale ids outnumber the live ones (`InodeTable::maintain`).
+type NameIndex = Mutex<HashMap<PathBuf, Vec<u64>>>;
+
+fn index_name(index: &NameIndex, path: &Path, id: u64) {
+    let mut index = index.lock().unwrap();
+    match index.get_mut(path) {
+        Some(ids) if ids.contains(&id) => {}
+        Some(ids) => ids.push(id),
+        None => {
+            index.insert(path.to_path_buf(), vec![id]);
+        }
+    }
 }
 
 /// An own change of an inode under way (`Inode::changing`), ended on drop.
@@ -144,7 +165,15 @@ impl<F> Drop for OwnChange<F> {
 }
 
 impl<F> Inode<F> {
-    fn new(id: u64, file_type: u32, key: (u64, u64), parent: u64, path: &Path) -> Inode<F> {
+    fn new(
+        id: u64,
+        file_type: u32,
+        key: (u64, u64),
+        parent: u64,
+        path: &Path,
+        index: &Arc<NameIndex>,
+    ) -> Inode<F> {
+        index_name(index, path, id);
         Inode {
             id,
             file_type,
@@ -156,6 +185,7 @@ impl<F> Inode<F> {
             retired: OnceLock::new(),
             btime: Mutex::new((0, 0)),
             changing: AtomicU32::new(0),
+            index: index.clone(),
         }
     }
 
@@ -224,9 +254,20 @@ impl<F> Inode<F> {
 
     /// Makes `path` the name used from now on.
     pub fn set_path(&self, path: &Path) {
-        let mut names = self.names.lock().unwrap();
-        names.retain(|n| n != path);
-        names.insert(0, path.to_path_buf());
+        let known = {
+            let mut names = self.names.lock().unwrap();
+            if names.first().is_some_and(|n| n == path) {
+                return;
+            }
+            let known = names.iter().any(|n| n == path);
+            names.retain(|n| n != path);
+            names.insert(0, path.to_path_buf());
+            known
+        };
+        // Not under `names`: the index's lock comes before any entry's names.
+        if !known {
+            index_name(&self.index, path, self.id);
+        }
     }
 
     /// `path` no longer names this inode; another known name (a hard link) takes over.
@@ -289,6 +330,7 @@ struct Inner<F> {
     ghosts: HashMap<(u64, u64), u64>,
     limits: InodeLimits,
     n: Counters,
+    index: Arc<NameIndex>,
 }
 
 #[derive(Debug)]
@@ -338,6 +380,31 @@ impl<F> Inner<F> {
             self.free_q
                 .retain(|(id, s)| by_id.get(id).is_some_and(|e| e.count == 0 && e.stamp == *s));
         }
+    }
+
+    /// Rebuilds the name index from the entries' names once it holds more than twice as
+    /// many names as they do (stale names of renamed, unlinked and freed entries).
+    fn compact_index(&mut self) {
+        let names: usize = self
+            .by_id
+            .values()
+            .map(|e| e.inode.names.lock().unwrap().len())
+            .sum();
+        if self.index.lock().unwrap().len() > 2 * names + 1024 {
+            self.rebuild_index(names);
+        }
+    }
+
+    /// Makes the name index hold exactly the entries' `names` names.
+    fn rebuild_index(&mut self, names: usize) {
+        let mut index = self.index.lock().unwrap();
+        let mut fresh: HashMap<PathBuf, Vec<u64>> = HashMap::with_capacity(names);
+        for e in self.by_id.values() {
+            for n in e.inode.names.lock().unwrap().iter() {
+                fresh.entry(n.clone()).or_default().push(e.inode.id);
+            }
+        }
+        *index = fresh;
     }
 
     fn remove(&mut self, id: u64) {
@@ -449,6 +516,7 @@ impl<F> InodeTable<F> {
             ghosts: HashMap::new(),
             limits,
             n: Counters::default(),
+            index: Arc::default(),
         };
         let key = (root.dev, root.ino);
         let inode = Arc::new(Inode::new(
@@ -457,6 +525,7 @@ impl<F> InodeTable<F> {
             key,
             ROOT_ID,
             Path::new(""),
+            &inner.index,
         ));
         // The root is never forgotten: its count starts at one and is never released. It
         // is kept out of the recency queue, so it is never offered for invalidation.
@@ -552,7 +621,14 @@ impl<F> InodeTable<F> {
         }
         let id = inner.next_id;
         inner.next_id += 1;
-        let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        let inode = Arc::new(Inode::new(
+            id,
+            st.file_type(),
+            key,
+            parent,
+            path,
+            &inner.index,
+        ));
         *inode.btime.lock().unwrap() = st.btime;
         inner.by_id.insert(
             id,
@@ -590,7 +666,14 @@ impl<F> InodeTable<F> {
         }
         let id = inner.next_id;
         inner.next_id += 1;
-        let inode = Arc::new(Inode::new(id, st.file_type(), key, parent, path));
+        let inode = Arc::new(Inode::new(
+            id,
+            st.file_type(),
+            key,
+            parent,
+            path,
+            &inner.index,
+        ));
         *inode.btime.lock().unwrap() = st.btime;
         inner.by_id.insert(
             id,
@@ -668,6 +751,7 @@ impl<F> InodeTable<F> {
         to_parent: u64,
     ) {
         let inner = self.inner.lock().unwrap();
+        let mut moved = Vec::new();
         for e in inner.by_id.values() {
             let mut names = e.inode.names.lock().unwrap();
             if !exchange {
@@ -679,13 +763,19 @@ impl<F> InodeTable<F> {
                     *p = join(to, rest);
                 } else if exchange && let Ok(rest) = p.strip_prefix(to) {
                     *p = join(from, rest);
+                } else {
+                    continue;
                 }
+                moved.push((p.clone(), e.inode.id));
             }
             if names.first().map(PathBuf::as_path) == Some(to) {
                 e.inode.parent.store(to_parent, Ordering::Relaxed);
             } else if exchange && names.first().map(PathBuf::as_path) == Some(from) {
                 e.inode.parent.store(from_parent, Ordering::Relaxed);
             }
+        }
+        for (p, id) in moved {
+            index_name(&inner.index, &p, id);
         }
     }
 
@@ -698,6 +788,7 @@ impl<F> InodeTable<F> {
         let mut guard = self.inner.lock().unwrap();
         let inner = &mut *guard;
         inner.trim(now, MAX_PER_CALL);
+        inner.compact_index();
         if inner.n.frees >= inner.n.frees_at_trim + MALLOC_TRIM_FREES {
             inner.n.frees_at_trim = inner.n.frees;
             drop(guard);
@@ -749,18 +840,27 @@ impl<F> InodeTable<F> {
         out
     }
 
-    /// Entries known by any of `paths`, each with that name: one pass over the table for
-    /// a whole batch of watcher events.
+    /// Entries known by any of `paths`, each with that name (for a batch of watcher
+    /// events), found through the name index.
     pub fn holders_of(&self, paths: &HashSet<PathBuf>) -> Vec<(PathBuf, Arc<Inode<F>>)> {
         if paths.is_empty() {
             return Vec::new();
         }
         let inner = self.inner.lock().unwrap();
+        let candidates: Vec<(&PathBuf, Vec<u64>)> = {
+            let index = inner.index.lock().unwrap();
+            paths
+                .iter()
+                .filter_map(|p| Some((p, index.get(p)?.clone())))
+                .collect()
+        };
         let mut out = Vec::new();
-        for e in inner.by_id.values() {
-            for n in e.inode.names.lock().unwrap().iter() {
-                if paths.contains(n) {
-                    out.push((n.clone(), e.inode.clone()));
+        for (p, ids) in candidates {
+            for id in ids {
+                if let Some(e) = inner.by_id.get(&id)
+                    && e.inode.names.lock().unwrap().contains(p)
+                {
+                    out.push((p.clone(), e.inode.clone()));
                 }
             }
         }
@@ -844,6 +944,74 @@ mod tests {
 
     fn p(s: &str) -> Option<PathBuf> {
         Some(PathBuf::from(s))
+    }
+
+    /// `holders_of` finds through the name index exactly the entries that hold each name,
+    /// after lookups, hard links, renames of subtrees, removed names, frees and a rebuild
+    /// of the index, as a pass over the whole table would.
+    #[test]
+    fn holders_of_agrees_with_a_pass_over_the_table() {
+        let t = table(100_000, 0);
+        let by_scan = |t: &InodeTable<()>, want: &HashSet<PathBuf>| {
+            let inner = t.inner.lock().unwrap();
+            let mut v: Vec<(PathBuf, u64)> = Vec::new();
+            for e in inner.by_id.values() {
+                for n in e.inode.names.lock().unwrap().iter() {
+                    if want.contains(n) {
+                        v.push((n.clone(), e.inode.id));
+                    }
+                }
+            }
+            v.sort();
+            v
+        };
+        let by_index = |t: &InodeTable<()>, want: &HashSet<PathBuf>| {
+            let mut v: Vec<(PathBuf, u64)> = t
+                .holders_of(want)
+                .into_iter()
+                .map(|(p, i)| (p, i.id))
+                .collect();
+            v.sort();
+            v
+        };
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let name = |d: u64, f: u64| PathBuf::from(format!("d{d}/f{f}"));
+        for round in 0..3000 {
+            let (d, f, ino) = (next() % 4, next() % 8, 10 + next() % 40);
+            match next() % 6 {
+                0 | 1 => {
+                    t.lookup(ROOT_ID, &name(d, f), &st(ino, libc::S_IFREG));
+                }
+                2 => {
+                    if let Some(i) = t.find(&name(d, f), &st(ino, libc::S_IFREG)) {
+                        i.remove_name(&name(d, f));
+                    }
+                }
+                3 => t.renamed(
+                    &PathBuf::from(format!("d{d}")),
+                    &PathBuf::from(format!("d{}", next() % 4)),
+                    next() % 2 == 0,
+                    ROOT_ID,
+                    ROOT_ID,
+                ),
+                4 => {
+                    let id = t.inner.lock().unwrap().by_id.keys().copied().max().unwrap();
+                    t.forget(id, u64::MAX);
+                    t.maintain();
+                }
+                _ => t.inner.lock().unwrap().rebuild_index(0),
+            }
+            let want: HashSet<PathBuf> = (0..4)
+                .flat_map(|d| (0..8).map(move |f| name(d, f)))
+                .collect();
+            assert_eq!(by_index(&t, &want), by_scan(&t, &want), "round {round}");
+        }
     }
 
     #[test]
