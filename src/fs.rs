@@ -1696,12 +1696,14 @@ impl CachingFs {
 
     /// An open of a retired node: an old version, kept for the handles open on it. The
     /// kernel looks the name up again on ESTALE and retries the open once, which then
-    /// reaches the new entry. When the retry finds a retired node again, retired since the
-    /// first try answered (the file was replaced again meanwhile), failing would make an
-    /// open of a name that always existed fail; it gets the version this node holds
-    /// instead, whole, which was the file's at an instant of this open. A node retired
-    /// before the open began (reached with no lookup, as through `/proc/self/fd`) is never
-    /// served: its version was replaced before the open.
+    /// reaches the new entry. When the retry finds a retired node again (the file was
+    /// replaced again meanwhile), failing would make an open of a name that always existed
+    /// fail; it gets the version this node holds instead, whole, if an open saw that
+    /// version current after this open's first try began: it was then the file's at an
+    /// instant of this open. Retirement itself says nothing of when the source changed
+    /// (without a watcher a change is found only by the next open), so a version last seen
+    /// before the first try is never served, nor is a node reached with no lookup, as
+    /// through `/proc/self/fd`.
     fn open_retired(
         &self,
         inode: &Arc<Inode>,
@@ -1709,11 +1711,11 @@ impl CachingFs {
         first_estale: Option<Instant>,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
-        let during = match (first_estale, inode.retired_at()) {
-            (Some(first), Some(retired)) => retired >= first,
+        let guard = inode.file();
+        let during = match (first_estale, guard.as_ref().and_then(|s| s.confirmed)) {
+            (Some(first), Some(confirmed)) => confirmed >= first,
             _ => false,
         };
-        let guard = inode.file();
         let whole = guard
             .as_ref()
             .is_some_and(|s| s.complete() && s.files.is_some());
@@ -1750,6 +1752,8 @@ impl CachingFs {
         let id = inode.id;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.ensure_listed(path.parent().unwrap_or(Path::new("")));
+        // Just before the look at the source: the version it shows was current then.
+        let mut looked_at = Instant::now();
         let looked = if self.source.is_object() {
             self.source.stat(&path).map(|st| (None, st))
         } else {
@@ -1807,7 +1811,9 @@ impl CachingFs {
             if changing {
                 std::thread::sleep(Duration::from_millis(1));
             }
+            let before_again = Instant::now();
             let again = look_again().map_err(errno)?;
+            looked_at = before_again;
             guard = inode.file();
             if !changing && self.identity(&again) == self.identity(&st) {
                 break;
@@ -1816,6 +1822,7 @@ impl CachingFs {
         }
         let mut fresh = false;
         let mut keep_cache = true;
+        let seen = self.identity(&st);
         match guard.as_mut() {
             None => {
                 let (mut state, reset) = self.load_state(&inode, &path, &mut st, false);
@@ -1847,6 +1854,14 @@ impl CachingFs {
                     keep_cache = false;
                 }
             }
+        }
+        // The state's version was the file's at `looked_at` (unless `load_state` looked
+        // again and found another).
+        if let Some(state) = guard.as_mut()
+            && self.identity(&st) == seen
+            && state.record.identity == seen
+        {
+            state.confirmed = Some(looked_at);
         }
         if !keep_cache && !fresh {
             self.coherence.notify(Notice::Inode(id));
@@ -2050,6 +2065,7 @@ impl CachingFs {
             written: false,
             offline_base: None,
             unlinked: None,
+            confirmed: None,
         }
     }
 

@@ -43,8 +43,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::source::Stat;
@@ -122,10 +122,8 @@ pub struct Inode<F> {
     /// The source changed behind the mount while this file was open: its open handles keep
     /// the version they opened, and the file's names lead to a new entry (a new kernel
     /// node) for everything else. Lookups never return a retired entry, and opens of it
-    /// answer `ESTALE`, so that the kernel looks the name up again. Holds when: an open
-    /// retried by the kernel may still take this version if it was retired during that
-    /// open (`CachingFs::open`).
-    retired: OnceLock<Instant>,
+    /// answer `ESTALE`, so that the kernel looks the name up again.
+    retired: AtomicBool,
     /// The birth time of the file this entry stands for, `(0, 0)` until known: tells it
     /// from a later file given the same inode number (`reused_by`).
     btime: Mutex<(i64, u32)>,
@@ -182,7 +180,7 @@ impl<F> Inode<F> {
             names: Mutex::new(vec![path.to_path_buf()]),
             file: Mutex::new(None),
             former: Mutex::new(Vec::new()),
-            retired: OnceLock::new(),
+            retired: AtomicBool::new(false),
             btime: Mutex::new((0, 0)),
             changing: AtomicU32::new(0),
             index: index.clone(),
@@ -202,16 +200,11 @@ impl<F> Inode<F> {
 
     /// See `retired`: from now on this entry serves only the handles already open.
     pub fn retire(&self) {
-        let _ = self.retired.set(Instant::now());
+        self.retired.store(true, Ordering::Release);
     }
 
     pub fn is_retired(&self) -> bool {
-        self.retired.get().is_some()
-    }
-
-    /// When this entry was retired, if it was.
-    pub fn retired_at(&self) -> Option<Instant> {
-        self.retired.get().copied()
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Whether `st`, found at `path` with this entry's `(dev, ino)`, is another file that

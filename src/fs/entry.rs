@@ -9,6 +9,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use fuser::BackingId;
 
@@ -65,6 +66,11 @@ pub struct FileState {
     /// The file's attributes when its last name was unlinked while it was open: an
     /// object store keeps nothing to `fstat` (a POSIX source has `path_fd`).
     pub(super) unlinked: Option<Stat>,
+    /// When an open last saw the source hold this state's version (just before its look
+    /// at the source): an instant at which the version was current. An open retried by
+    /// the kernel may take a retired node's version only if this is after its first try
+    /// (`CachingFs::open_retired`).
+    pub(super) confirmed: Option<Instant>,
 }
 
 impl FileState {
