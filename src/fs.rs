@@ -1820,7 +1820,6 @@ impl CachingFs {
             }
             st = again;
         }
-        let mut fresh = false;
         let mut keep_cache = true;
         let seen = self.identity(&st);
         match guard.as_mut() {
@@ -1828,7 +1827,9 @@ impl CachingFs {
                 let (mut state, reset) = self.load_state(&inode, &path, &mut st, false);
                 state.path_fd = path_fd;
                 keep_cache = !reset;
-                fresh = true;
+                if reset {
+                    inode.content_changed();
+                }
                 *guard = Some(state);
             }
             Some(state) => {
@@ -1851,6 +1852,7 @@ impl CachingFs {
                         return Err(Errno::ESTALE);
                     }
                     self.stale(state, &st, Some(&path));
+                    inode.content_changed();
                     keep_cache = false;
                 }
             }
@@ -1863,7 +1865,9 @@ impl CachingFs {
         {
             state.confirmed = Some(looked_at);
         }
-        if !keep_cache && !fresh {
+        // Also after a reset at load: the kernel may hold pages from an earlier open, and
+        // only a returned notice lets later opens keep pages again (`kernel_pages_current`).
+        if !keep_cache {
             self.coherence.notify(Notice::Inode(id));
         }
         let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
@@ -1961,6 +1965,9 @@ impl CachingFs {
             Stats::add(&self.stats.cache.open_misses, 1);
         }
 
+        // A new version's notice may still be on its way to the kernel: until it has
+        // been delivered, the kernel's pages may be of the old version.
+        let keep_cache = keep_cache && inode.kernel_pages_current();
         self.finish_open(&inode, guard, writable, source, keep_cache, make_backing)
     }
 

@@ -133,6 +133,13 @@ pub struct Inode<F> {
     changing: AtomicU32,
     /// The table's index of names (`NameIndex`).
     index: Arc<NameIndex>,
+    /// Bumped whenever the daemon moves the file's cached content to a new version
+    /// (`content_changed`); `pages_dropped`: the highest such count the kernel is known
+    /// to have dropped its page cache for (a `notify_inval_inode` sent after it returned).
+    /// While they differ, no open lets the kernel keep its pages: a notice on its way
+    /// must not leave a window in which an open keeps pages of the old version.
+    content: AtomicU64,
+    pages_dropped: AtomicU64,
 }
 
 /// Node ids by name, so that a batch of watcher events finds the entries known by its
@@ -184,7 +191,30 @@ impl<F> Inode<F> {
             btime: Mutex::new((0, 0)),
             changing: AtomicU32::new(0),
             index: index.clone(),
+            content: AtomicU64::new(0),
+            pages_dropped: AtomicU64::new(0),
         }
+    }
+
+    /// The file's cached content moved to a new version: the kernel's pages of it are
+    /// old until a `notify_inval_inode` sent from now on has returned.
+    pub fn content_changed(&self) {
+        self.content.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The count to pass to `pages_dropped` once an invalidation begun now returns.
+    pub fn content_version(&self) -> u64 {
+        self.content.load(Ordering::Acquire)
+    }
+
+    /// The kernel dropped its pages of every version up to `version`.
+    pub fn pages_dropped(&self, version: u64) {
+        self.pages_dropped.fetch_max(version, Ordering::AcqRel);
+    }
+
+    /// Whether the kernel's pages, if any, are of the current version.
+    pub fn kernel_pages_current(&self) -> bool {
+        self.pages_dropped.load(Ordering::Acquire) >= self.content.load(Ordering::Acquire)
     }
 
     /// Marks an own change of this file under way until the result is dropped.

@@ -196,8 +196,18 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             loop {
                 match inval_rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
                     Ok(Notice::Inode(id)) => {
-                        if let Err(e) = notifier.inval_inode(INodeNo(id), 0, 0) {
-                            tracing::debug!("inval_inode({id}): {e}");
+                        let inode = table_fs.upgrade().and_then(|fs| fs.inodes.get(id));
+                        let version = inode.as_ref().map(|i| i.content_version());
+                        match notifier.inval_inode(INodeNo(id), 0, 0) {
+                            // (ENOENT: the kernel has no such node, so no pages of it.)
+                            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                                tracing::debug!("inval_inode({id}): {e}");
+                            }
+                            _ => {
+                                if let (Some(inode), Some(v)) = (inode, version) {
+                                    inode.pages_dropped(v);
+                                }
+                            }
                         }
                     }
                     Ok(Notice::Entry(parent, name)) => {

@@ -214,6 +214,7 @@ impl CachingFs {
         if !self.keep_version(inode, state, st) {
             let path = self.own_path(inode);
             self.stale(state, st, path.as_deref());
+            inode.content_changed();
         }
         Some(true)
     }
