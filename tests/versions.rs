@@ -473,7 +473,9 @@ fn a_stat_after_a_replacement_does_not_cut_an_open_files_reads() {
 /// kernel holds for the node (suspected: the source reuses a freed inode number for the
 /// next version under the same name, so one kernel node stands for successive files, and
 /// attribute replies for them race). Passthrough reads are not bounded by that size.
-/// Run by hand: `cargo test --test versions -- --ignored`.
+/// Run by hand: `cargo test --test versions -- --ignored`. On `42312b3` (opens keep no
+/// pages while a new version's invalidation is on its way) 26 runs, 7,913 reads, had no
+/// failure: to be made a plain test once the old failure is traced to that change.
 #[test]
 #[ignore = "known to fail: reads cut at a stale size (see the comment)"]
 fn replaced_files_under_readers_without_passthrough() {
