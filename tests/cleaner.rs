@@ -102,6 +102,9 @@ fn eviction_follows_last_use() {
     // Use a, b, c, d in that order, then touch a again: b is now the least recently used.
     for name in ["a", "b", "c", "d", "a"] {
         fs::read(t.m(name)).unwrap();
+        // The last use reaches the record with the release, which the kernel sends after
+        // close(2) returns: wait for it, or a loaded machine can reorder the uses.
+        t.wait_released();
         std::thread::sleep(Duration::from_millis(20));
     }
     wait_until(Duration::from_secs(10), "records of a..d", || {
