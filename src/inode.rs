@@ -365,6 +365,24 @@ pub struct InodeTable<F> {
 }
 
 impl<F> Inner<F> {
+    /// A new entry for the object `st` at `path` in `parent`, with the next node id (not
+    /// yet in the table).
+    fn new_inode(&mut self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode<F>> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let key = (st.dev, st.ino);
+        let inode = Arc::new(Inode::new(
+            id,
+            st.file_type(),
+            key,
+            parent,
+            path,
+            &self.index,
+        ));
+        *inode.btime.lock().unwrap() = st.btime;
+        inode
+    }
+
     fn stamp(&mut self) -> u64 {
         self.next_stamp += 1;
         self.next_stamp
@@ -642,17 +660,8 @@ impl<F> InodeTable<F> {
         if inner.ghosts.remove(&key).is_some() {
             inner.n.misses_after_free += 1;
         }
-        let id = inner.next_id;
-        inner.next_id += 1;
-        let inode = Arc::new(Inode::new(
-            id,
-            st.file_type(),
-            key,
-            parent,
-            path,
-            &inner.index,
-        ));
-        *inode.btime.lock().unwrap() = st.btime;
+        let inode = inner.new_inode(parent, path, st);
+        let id = inode.id;
         inner.by_id.insert(
             id,
             Entry {
@@ -687,17 +696,8 @@ impl<F> InodeTable<F> {
             e.inode.set_path(path);
             return e.inode.clone();
         }
-        let id = inner.next_id;
-        inner.next_id += 1;
-        let inode = Arc::new(Inode::new(
-            id,
-            st.file_type(),
-            key,
-            parent,
-            path,
-            &inner.index,
-        ));
-        *inode.btime.lock().unwrap() = st.btime;
+        let inode = inner.new_inode(parent, path, st);
+        let id = inode.id;
         inner.by_id.insert(
             id,
             Entry {
