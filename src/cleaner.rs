@@ -89,6 +89,9 @@ pub trait EvictTarget: Send + Sync {
     fn evict(&self, rel: &Path, chunks: Option<&[u64]>) -> u64;
     /// Free bytes on the cache's file system.
     fn cache_fs_free(&self) -> u64;
+    /// Called before a pass: finishes what keeps closed files from being evicted (their
+    /// records waiting for a group commit).
+    fn settle(&self) {}
 }
 
 /// The shared usage estimate and the cleaner's counters.
@@ -469,6 +472,7 @@ pub fn clean_once(
     target: Option<u64>,
     fs: &dyn EvictTarget,
 ) -> u64 {
+    fs.settle();
     let before = usage.totals();
     let scan = scan(trees, pins, usage.chunked_above.load(Relaxed));
     let files = scan.units;

@@ -20,18 +20,20 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 mod changes;
+mod commit;
 mod entry;
 mod fetch;
 mod object;
 mod offline;
 mod reintegrate;
 pub use changes::spawn_coherence_threads;
+pub use commit::spawn_committer;
 pub use fetch::spawn_fetch_workers;
 
 use crate::cache::record::chunk_count;
@@ -197,6 +199,8 @@ pub struct CachingFs {
     offline_writers: AtomicU64,
     /// Serialises offline changes to the saved listings.
     offline_edits: Mutex<()>,
+    /// Files closed with fills or writes waiting for one sync of the cache (`fs/commit.rs`).
+    commits: commit::GroupCommit,
 }
 
 /// Longest wait for the source's root at start: a dead network mount can hang any call
@@ -453,6 +457,7 @@ impl CachingFs {
             oplog: Mutex::new(oplog),
             offline_writers: AtomicU64::new(0),
             offline_edits: Mutex::new(()),
+            commits: Default::default(),
             cfg,
         })
     }
@@ -1837,6 +1842,15 @@ impl CachingFs {
                 if state.path_fd.is_none() {
                     state.path_fd = path_fd;
                 }
+                // Loaded but closed (waiting for its group commit, or for fetches): as at
+                // a load, the data file is first checked to be as hoardfs left it.
+                if state.daemon_opens + state.passthrough_opens + state.opening == 0
+                    && !state.data_is_ours()
+                {
+                    state.discard_foreign_data(&self.env());
+                    inode.content_changed();
+                    keep_cache = false;
+                }
                 if self.stale_check()
                     && !state.written
                     && state.record.identity != self.identity(&st)
@@ -2057,23 +2071,7 @@ impl CachingFs {
 
     /// A state with nothing cached and no descriptors.
     fn empty_state(&self, identity: SourceIdentity) -> FileState {
-        FileState {
-            files: None,
-            record: CacheRecord::empty(identity, self.cfg.chunk_size),
-            fetch_src: None,
-            fetch: Arc::new(FileFetch::new(None)),
-            path_fd: None,
-            daemon_opens: 0,
-            passthrough_opens: 0,
-            writers: 0,
-            opening: 0,
-            backing: Weak::new(),
-            unsynced: 0,
-            written: false,
-            offline_base: None,
-            unlinked: None,
-            confirmed: None,
-        }
+        FileState::new(CacheRecord::empty(identity, self.cfg.chunk_size))
     }
 
     /// Loads the cache state of `path` from its record, checking it against `st`. Returns
@@ -2301,8 +2299,7 @@ impl CachingFs {
         state.fetch.note_written(&files.data);
         w?;
         self.usage.add(len as u64);
-        state.record.set_present(c, true);
-        state.unsynced += 1;
+        state.filled(c);
         Stats::add(&self.stats.cache.chunks_fetched, 1);
         if state.unsynced >= self.cfg.checkpoint_chunks || state.record.is_complete() {
             state.checkpoint(&self.env());
@@ -2696,6 +2693,10 @@ impl CachingFs {
 }
 
 impl EvictTarget for CachingFs {
+    fn settle(&self) {
+        self.commit_now();
+    }
+
     fn evict(&self, rel: &Path, chunks: Option<&[u64]>) -> u64 {
         let _exclusive = self.evict_lock.write().unwrap();
         // Open by name, or by a name it had while open (an open file whose name was taken

@@ -262,6 +262,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     fs.spawn_health_probe()?;
     crate::fs::spawn_coherence_threads(&fs)?;
     crate::fs::spawn_fetch_workers(&fs)?;
+    crate::fs::spawn_committer(&fs)?;
     let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
     if let Some(listener) = metrics {
         crate::metrics::serve(listener, fs.clone())?;
@@ -276,6 +277,9 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     unmount_on_error.0 = None;
     let r = session.run();
     crate::sd_notify::notify("STOPPING=1");
+    // Closed files' fills and writes still waiting for the group commit: on disk now, so
+    // that the cache after a clean stop has clean records.
+    fs.stop_commits();
     socket.remove();
     r.context("FUSE session failed")?;
     tracing::info!("unmounted");

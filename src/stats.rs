@@ -76,6 +76,7 @@ counters! {
     corrupt_records: "cache records found torn or corrupt and discarded",
     cache_errors: "cache I/O errors (the request was served from the source)",
     checkpoints: "durable record updates",
+    group_commits: "syncs of the cache that made the fills and writes of the files closed meanwhile durable at once",
     chunks_prefetched: "chunks fetched ahead of a sequential reader (included in chunks_fetched)",
     prefetch_hits: "chunks a read found already fetched by prefetch",
     fetch_waits: "reads that waited for bytes another reader or worker was fetching (a shared fetch)",

@@ -110,6 +110,8 @@ fn a_sequential_read_prefetches_and_ends_fully_cached() {
         s.hint_reads > 0,
         "reads inside a present chunk took the short path: {s:?}"
     );
+    // Made durable by the group commit once closed.
+    t.wait_released();
     let rec = record(&t, "seq");
     assert!(
         rec.is_complete(),

@@ -60,6 +60,13 @@ pub struct FileState {
     pub(super) unsynced: u32,
     /// A write went to the source since the last checkpoint (the on-disk record is dirty).
     pub(super) written: bool,
+    /// Fills or writes handed to the group commit (`fs/commit.rs`): the record on disk is
+    /// dirty or claims less than `record`, until a sync of the cache covers the data and
+    /// the record is written after it (`commit_synced`).
+    uncommitted: bool,
+    /// Counts every change of the record or the data file, so that a commit can tell that
+    /// nothing changed between its sync and its record.
+    changes: u64,
     /// Offline (`--offline-writes=log`): the source version the file's offline changes
     /// are made to, set when it is first opened for writing offline.
     pub(super) offline_base: Option<crate::oplog::Base>,
@@ -74,6 +81,29 @@ pub struct FileState {
 }
 
 impl FileState {
+    /// A state with `record` and nothing else: no cache files, no descriptors, no opens.
+    pub(super) fn new(record: CacheRecord) -> FileState {
+        FileState {
+            files: None,
+            record,
+            fetch_src: None,
+            fetch: Arc::new(FileFetch::new(None)),
+            path_fd: None,
+            daemon_opens: 0,
+            passthrough_opens: 0,
+            writers: 0,
+            opening: 0,
+            backing: Weak::new(),
+            unsynced: 0,
+            written: false,
+            uncommitted: false,
+            changes: 0,
+            offline_base: None,
+            unlinked: None,
+            confirmed: None,
+        }
+    }
+
     pub(super) fn complete(&self) -> bool {
         self.files.is_some() && self.record.is_complete()
     }
@@ -95,8 +125,7 @@ impl FileState {
     ) {
         self.fetch.invalidate();
         self.record = CacheRecord::empty(identity, env.chunk_size);
-        self.unsynced = 0;
-        self.written = false;
+        self.nothing_to_commit();
         if path.is_some() {
             // The fetch descriptor may be of another file than the new version (one renamed
             // over the name): the next fetch opens the source anew for the new identity.
@@ -135,12 +164,15 @@ impl FileState {
             self.files = None;
         }
         self.unsynced = 0;
+        self.uncommitted = false;
+        self.changes += 1;
     }
 
     /// Before the first write of an open session: the on-disk record says "dirty", durably,
     /// so that a crash between the source write and the cache write cannot leave a record
     /// that claims the old bytes are current.
     pub(super) fn mark_written(&mut self, env: &Env) {
+        self.changes += 1;
         if self.written {
             return;
         }
@@ -208,10 +240,20 @@ impl FileState {
         Stats::add(&env.stats.corrupt_records, 1);
         self.fetch.invalidate();
         self.record = CacheRecord::empty(self.record.identity, self.record.chunk_size);
-        self.unsynced = 0;
-        self.written = false;
+        self.nothing_to_commit();
         if let Some(files) = &self.files {
-            match write_record(files, &self.record, true) {
+            // The data file's length is the file's again (one extended behind our back
+            // would serve its tail through passthrough once refetched).
+            let size = self.record.identity.size;
+            let r = write_record(files, &self.record, true).and_then(|_| {
+                counted(env.usage, &files.data, || {
+                    if files.data.metadata()?.len() != size {
+                        files.data.set_len(size)?;
+                    }
+                    Ok(())
+                })
+            });
+            match r {
                 // The empty record vouches for nothing; from here the file is hoardfs's.
                 Ok(()) => self.fetch.set_own(
                     fstat(files.data.as_fd())
@@ -223,46 +265,117 @@ impl FileState {
         }
     }
 
+    /// Chunk `c` now holds the source's bytes in the data file (fetched): the record
+    /// claims it, durably only after a checkpoint or a commit.
+    pub(super) fn filled(&mut self, c: u64) {
+        self.record.set_present(c, true);
+        self.unsynced += 1;
+        self.changes += 1;
+    }
+
+    /// Whether the record on disk may claim less than `record`, or be dirty.
+    pub(super) fn needs_checkpoint(&self) -> bool {
+        self.unsynced > 0 || self.written || self.uncommitted
+    }
+
+    /// Hands what needs a checkpoint to the group commit instead (the caller has queued
+    /// the file there). The state's writes are over: no handle may be open for writing,
+    /// as `written` also tells coherence that the source's changes are the mount's own.
+    pub(super) fn defer_checkpoint(&mut self) {
+        debug_assert!(self.writers == 0 || !self.written);
+        self.uncommitted |= self.unsynced > 0 || self.written;
+        self.unsynced = 0;
+        self.written = false;
+    }
+
+    /// The group commit's mark, taken before its sync of the cache: `None` if nothing
+    /// waits for it.
+    pub(super) fn commit_ticket(&self) -> Option<u64> {
+        self.uncommitted.then_some(self.changes)
+    }
+
+    /// After a sync of the whole cache that began after `commit_ticket` returned `ticket`:
+    /// if nothing changed since, every byte the record claims is on disk, and a clean
+    /// record may say so (crash rule 1, as in `checkpoint`). Returns whether it did.
+    pub(super) fn commit_synced(&mut self, env: &Env, ticket: u64) -> bool {
+        if !self.uncommitted || self.changes != ticket || self.unsynced > 0 || self.written {
+            return false;
+        }
+        self.clean_record(env)
+    }
+
     /// Makes fetched chunks and written data durable and the record match them.
     pub(super) fn checkpoint(&mut self, env: &Env) {
-        if self.unsynced == 0 && !self.written {
+        if !self.needs_checkpoint() {
             return;
         }
+        let synced = match &self.files {
+            Some(files) => files.data.sync_data(),
+            None => Ok(()),
+        };
+        match synced {
+            Ok(()) => {
+                self.clean_record(env);
+            }
+            Err(e) => self.checkpoint_failed(env, e),
+        }
+    }
+
+    /// Writes the record clean, claiming what it claims, once the data is on disk. The
+    /// record need not be synced: a crash that loses it leaves the one before, which is
+    /// dirty (`mark_written`) or claims only chunks synced before; the cache loses this
+    /// fill, and knows it.
+    fn clean_record(&mut self, env: &Env) -> bool {
         if !self.data_is_ours() {
             self.discard_foreign_data(env);
-            return;
+            return false;
         }
         let Some(files) = &self.files else {
+            // (`written` stays: an object store's upload at close still looks at it.)
             self.unsynced = 0;
-            return;
+            self.uncommitted = false;
+            return false;
         };
-        // The data first, then a record that claims it. The record need not be synced: a
-        // crash that loses it leaves the one before, which is dirty (`mark_written`) or
-        // claims only chunks synced before; the cache loses this fill, and knows it.
-        let r = files.data.sync_data().and_then(|_| {
-            self.record.dirty = false;
-            write_record(files, &self.record, false)
-        });
-        match r {
+        self.record.dirty = false;
+        match write_record(files, &self.record, false) {
             Ok(()) => {
                 Stats::add(&env.stats.checkpoints, 1);
-                self.unsynced = 0;
-                self.written = false;
+                self.nothing_to_commit();
                 self.noted();
+                true
             }
             Err(e) => {
-                tracing::warn!("cache checkpoint failed: {e}");
-                Stats::add(&env.stats.cache_errors, 1);
-                self.record.dirty = true;
-                self.files = None;
+                self.checkpoint_failed(env, e);
+                false
             }
         }
+    }
+
+    fn checkpoint_failed(&mut self, env: &Env, e: io::Error) {
+        tracing::warn!("cache checkpoint failed: {e}");
+        Stats::add(&env.stats.cache_errors, 1);
+        self.record.dirty = true;
+        self.files = None;
+    }
+
+    fn nothing_to_commit(&mut self) {
+        self.unsynced = 0;
+        self.written = false;
+        self.uncommitted = false;
+        self.changes += 1;
     }
 
     /// Rewrites the record (its identity, last use), stamped with the data file as it is:
     /// first checked to be as hoardfs left it, or the record would vouch for someone
     /// else's bytes.
     pub(super) fn persist_record(&mut self, env: &Env, durable: bool) {
+        if self.needs_checkpoint() {
+            // The record claims data not yet on disk: it may be written only after a sync.
+            self.checkpoint(env);
+            if !durable || self.needs_checkpoint() {
+                return;
+            }
+        }
         if !self.data_is_ours() {
             self.discard_foreign_data(env);
             return;
@@ -326,4 +439,173 @@ pub(super) fn counted<T>(
         usage.adjust(b, a);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    //! The commit rules against a real cache directory: a record claims chunks only after
+    //! a sync that began after they were written.
+    use super::*;
+    use crate::cache::store::read_record_unchecked;
+    use std::os::unix::fs::FileExt;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        cache: CacheStore,
+        usage: Usage,
+        stats: CacheCounters,
+    }
+
+    const CHUNK: u64 = 4096;
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let cache = CacheStore::open(dir.path()).unwrap();
+            Fixture {
+                _dir: dir,
+                cache,
+                usage: Usage::default(),
+                stats: CacheCounters::default(),
+            }
+        }
+
+        fn env(&self) -> Env<'_> {
+            Env {
+                cache: &self.cache,
+                usage: &self.usage,
+                stats: &self.stats,
+                chunk_size: CHUNK,
+            }
+        }
+
+        /// A loaded state of a two-chunk file with nothing cached, its empty record on disk.
+        fn state(&self, name: &str) -> FileState {
+            let identity = SourceIdentity {
+                ino: 7,
+                size: 2 * CHUNK,
+                mtime: (1, 0),
+                ctime: (1, 0),
+                racy: false,
+            };
+            let mut files = self.cache.open_files(Path::new(name)).unwrap();
+            let record = CacheRecord::empty(identity, CHUNK);
+            fresh_data(&self.env(), &mut files, &record, true, None, false).unwrap();
+            let data = files.data.try_clone().unwrap();
+            let mut state = FileState::new(record);
+            state.fetch = Arc::new(FileFetch::new(Some(data)));
+            state.files = Some(files);
+            state.noted();
+            state
+        }
+    }
+
+    /// What the record on disk claims.
+    fn on_disk(state: &FileState) -> (bool, u64) {
+        let meta = &state.files.as_ref().unwrap().meta;
+        let rec = read_record_unchecked(meta).unwrap().unwrap().unwrap();
+        (rec.dirty, rec.present_count())
+    }
+
+    fn fill(state: &mut FileState, c: u64) {
+        let files = state.files.as_ref().unwrap();
+        files
+            .data
+            .write_all_at(&vec![c as u8 + 1; CHUNK as usize], c * CHUNK)
+            .unwrap();
+        state.filled(c);
+        state.noted();
+    }
+
+    #[test]
+    fn a_commit_claims_what_was_filled_before_its_ticket() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        s.defer_checkpoint();
+        assert!(s.needs_checkpoint());
+        assert_eq!(on_disk(&s), (false, 0), "nothing claimed before the commit");
+        let ticket = s.commit_ticket().expect("waits for a commit");
+        f.cache.sync().unwrap();
+        assert!(s.commit_synced(&env, ticket));
+        assert_eq!(on_disk(&s), (false, 1));
+        assert!(!s.needs_checkpoint());
+        assert_eq!(s.commit_ticket(), None);
+    }
+
+    #[test]
+    fn a_change_after_the_ticket_stops_the_commit() {
+        let f = Fixture::new();
+        let env = f.env();
+        // A chunk filled between the ticket and the sync's end.
+        let mut s = f.state("filled");
+        fill(&mut s, 0);
+        s.defer_checkpoint();
+        let ticket = s.commit_ticket().unwrap();
+        fill(&mut s, 1);
+        f.cache.sync().unwrap();
+        assert!(!s.commit_synced(&env, ticket));
+        assert_eq!(on_disk(&s), (false, 0));
+        // A write through the mount: the record on disk is dirty, and stays so.
+        let mut s = f.state("written");
+        fill(&mut s, 0);
+        s.checkpoint(&env);
+        assert_eq!(on_disk(&s), (false, 1));
+        fill(&mut s, 1);
+        s.defer_checkpoint();
+        let ticket = s.commit_ticket().unwrap();
+        s.mark_written(&env);
+        // (A dirty record is discarded at load, whatever it claims.)
+        assert!(on_disk(&s).0, "marked dirty");
+        assert!(!s.commit_synced(&env, ticket));
+        assert!(on_disk(&s).0, "still dirty");
+        // A later checkpoint settles both.
+        s.checkpoint(&env);
+        assert_eq!(on_disk(&s), (false, 2));
+        assert!(!s.needs_checkpoint());
+    }
+
+    #[test]
+    fn a_record_rewritten_while_a_commit_waits_claims_nothing_unsynced() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        s.defer_checkpoint();
+        // A rewrite of the record (a new identity, a last use) while the fill waits: it
+        // takes a checkpoint first, never writes the claim alone.
+        s.record.last_used = 42;
+        s.persist_record(&env, false);
+        assert_eq!(on_disk(&s), (false, 1));
+        assert!(!s.needs_checkpoint());
+        let synced = f
+            .stats
+            .checkpoints
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(synced, 1);
+    }
+
+    #[test]
+    fn a_data_file_edited_while_a_commit_waits_is_not_claimed() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        fill(&mut s, 1);
+        s.defer_checkpoint();
+        let ticket = s.commit_ticket().unwrap();
+        // ctime ticks are coarse: the edit must land in a later one.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let files = s.files.as_ref().unwrap();
+        files.data.write_all_at(b"MORE", 2 * CHUNK).unwrap();
+        f.cache.sync().unwrap();
+        assert!(!s.data_is_ours());
+        // As the group commit does (`commit_batch`): discarded, never claimed.
+        s.discard_foreign_data(&env);
+        assert!(!s.commit_synced(&env, ticket));
+        assert_eq!(on_disk(&s), (false, 0));
+        let len = s.files.as_ref().unwrap().data.metadata().unwrap().len();
+        assert_eq!(len, 2 * CHUNK, "the data file has the file's length again");
+    }
 }

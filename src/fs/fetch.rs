@@ -490,8 +490,7 @@ impl CachingFs {
             && state.files.is_some()
         {
             end = End::Complete;
-            state.record.set_present(f.chunk, true);
-            state.unsynced += 1;
+            state.filled(f.chunk);
             let c = &self.stats.cache;
             Stats::add(&c.chunks_fetched, 1);
             if f.prefetch {
@@ -502,8 +501,16 @@ impl CachingFs {
             // durable at its last close (FUSE sends that release after close(2) has
             // returned), not on the open's path.
             let complete = state.record.is_complete();
-            if state.unsynced >= self.cfg.checkpoint_chunks || (complete && state.opening == 0) {
+            if state.unsynced >= self.cfg.checkpoint_chunks {
                 state.checkpoint(&self.env());
+            } else if complete && state.opening == 0 {
+                // A file fetched whole (a prefetch, or its last chunk read): the group
+                // commit makes it durable, unless written through the mount meanwhile.
+                if state.written || !self.commits.queue(ctx.inode.id) {
+                    state.checkpoint(&self.env());
+                } else {
+                    state.defer_checkpoint();
+                }
             }
             if state.record.is_complete() {
                 // Nothing left to fetch: give the descriptor back (jobs still holding it
@@ -600,8 +607,12 @@ impl CachingFs {
         // Durable now, even if fetches still in flight keep the state loaded a little
         // longer (the last of them unloads it).
         state.record.last_used = now_millis();
-        if state.unsynced == 0 && !state.written {
+        if !state.needs_checkpoint() {
             state.persist_record(&self.env(), false);
+        } else if self.commits.queue(inode.id) {
+            // Synced with others shortly; the state stays loaded until then.
+            state.defer_checkpoint();
+            return;
         } else {
             state.checkpoint(&self.env());
         }

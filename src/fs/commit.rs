@@ -1,0 +1,209 @@
+//! Group commit of cache fills and writes (issue 22): a file closed with fills or writes not
+//! yet on disk is not synced on the release's path. Its state stays loaded and is queued
+//! here; one thread syncs the whole cache file system once for everything queued (`syncfs`)
+//! and then writes each file's record clean, as a checkpoint would (crash rule 1:
+//! the data on disk before a record claims it). Until then the record on disk is dirty or
+//! claims less, so a crash loses the recent fills and knows it; acknowledged writes are on
+//! the source before they return and are not this module's business.
+//!
+//! A commit writes a record only if nothing changed in the file since the commit took its
+//! ticket, before the sync (`FileState::commit_ticket`); a file changed meanwhile is queued
+//! again by its next close. Locks: the queue's mutex is taken alone; a batch takes each
+//! file's `Inode::file` in turn, never two at once, and syncs with none held.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::CachingFs;
+use crate::coherence::Notice;
+use crate::stats::Stats;
+
+/// How long the first file of a batch waits for others: what a crash may lose at most
+/// beyond the sync itself, and how long a closed file's state stays loaded.
+const GATHER: Duration = Duration::from_millis(50);
+/// A batch this large is committed at once.
+const BATCH: usize = 256;
+/// Beyond this many queued files a close checkpoints synchronously (each queued file keeps
+/// its state, and so its descriptors, loaded).
+const MAX_QUEUED: usize = 1024;
+
+#[derive(Default)]
+pub(super) struct GroupCommit {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    /// Set while the committing thread runs: without it, closes checkpoint themselves (an
+    /// in-process core, or after unmount).
+    running: AtomicBool,
+    /// Held across a batch, so that `flush` returns only after the batch in progress too.
+    batch: Mutex<()>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    ids: Vec<u64>,
+    queued: HashSet<u64>,
+    since: Option<Instant>,
+    stop: bool,
+}
+
+impl GroupCommit {
+    /// Queues inode `id` (its state loaded, with `FileState::defer_checkpoint` to follow).
+    /// False if the caller must checkpoint itself.
+    pub(super) fn queue(&self, id: u64) -> bool {
+        if !self.running.load(Relaxed) {
+            return false;
+        }
+        let mut q = self.queue.lock().unwrap();
+        if q.stop {
+            return false;
+        }
+        if q.queued.contains(&id) {
+            return true;
+        }
+        if q.ids.len() >= MAX_QUEUED {
+            return false;
+        }
+        q.ids.push(id);
+        q.queued.insert(id);
+        q.since.get_or_insert_with(Instant::now);
+        if q.ids.len() == 1 || q.ids.len() >= BATCH {
+            self.wake.notify_one();
+        }
+        true
+    }
+
+    /// The next batch: waits for a first file, then up to `GATHER` for others. `None`
+    /// once stopped.
+    fn next_batch(&self) -> Option<Vec<u64>> {
+        let mut q = self.queue.lock().unwrap();
+        loop {
+            if q.stop {
+                return None;
+            }
+            match q.since {
+                None => q = self.wake.wait(q).unwrap(),
+                Some(since) => {
+                    let left = GATHER.saturating_sub(since.elapsed());
+                    if left.is_zero() || q.ids.len() >= BATCH {
+                        return Some(take(&mut q));
+                    }
+                    q = self.wake.wait_timeout(q, left).unwrap().0;
+                }
+            }
+        }
+    }
+}
+
+fn take(q: &mut Queue) -> Vec<u64> {
+    q.queued.clear();
+    q.since = None;
+    std::mem::take(&mut q.ids)
+}
+
+impl CachingFs {
+    /// Commits `ids`: tickets under each file's lock, one sync of the cache, then each
+    /// record under its lock again; a closed file with nothing left to commit is unloaded.
+    fn commit_batch(&self, ids: Vec<u64>) {
+        let loaded: Vec<_> = {
+            let loaded = self.loaded.lock().unwrap();
+            ids.iter()
+                .filter_map(|id| loaded.get(id).cloned())
+                .collect()
+        };
+        let tickets: Vec<_> = loaded
+            .into_iter()
+            .filter_map(|inode| {
+                let ticket = inode.file().as_ref()?.commit_ticket();
+                Some((inode, ticket))
+            })
+            .collect();
+        let synced = if tickets.iter().any(|(_, t)| t.is_some()) {
+            self.cache.sync()
+        } else {
+            Ok(())
+        };
+        if let Err(e) = &synced {
+            // Nothing is claimed: the records stay dirty or short, the fills are lost.
+            tracing::warn!("cannot sync the cache: {e}");
+            Stats::add(&self.stats.cache.cache_errors, 1);
+        }
+        Stats::add(&self.stats.cache.group_commits, 1);
+        let env = self.env();
+        for (inode, ticket) in tickets {
+            let mut guard = inode.file();
+            let Some(state) = guard.as_mut() else {
+                continue;
+            };
+            if let (Some(ticket), Ok(())) = (ticket, &synced) {
+                if !state.data_is_ours() {
+                    // Edited in the cache directory since the close: nothing of it is
+                    // claimed, and the kernel's pages go too, so that the next open
+                    // refetches (as a load would have found it).
+                    state.discard_foreign_data(&env);
+                    inode.content_changed();
+                    self.coherence.notify(Notice::Inode(inode.id));
+                } else {
+                    state.commit_synced(&env, ticket);
+                }
+            }
+            if state.daemon_opens + state.passthrough_opens + state.opening == 0
+                && !state.needs_checkpoint()
+                && !state.fetch.busy()
+            {
+                self.unload(&inode, &mut guard);
+            }
+        }
+    }
+
+    /// Commits everything queued now, in the caller's thread: before a cleaner's pass,
+    /// which cannot evict a file whose state is loaded.
+    pub(super) fn commit_now(&self) {
+        let gc = &self.commits;
+        let _batch = gc.batch.lock().unwrap();
+        let ids = take(&mut gc.queue.lock().unwrap());
+        self.commit_batch(ids);
+    }
+
+    /// Commits everything queued, in the caller's thread, and stops queueing: at unmount,
+    /// so that a clean stop leaves clean records.
+    pub fn stop_commits(&self) {
+        let gc = &self.commits;
+        let ids = {
+            let mut q = gc.queue.lock().unwrap();
+            q.stop = true;
+            gc.wake.notify_all();
+            take(&mut q)
+        };
+        gc.running.store(false, Relaxed);
+        if let Some(t) = gc.thread.lock().unwrap().take() {
+            let _ = t.join();
+        }
+        let _batch = gc.batch.lock().unwrap();
+        self.commit_batch(ids);
+    }
+}
+
+/// Starts the committing thread. It holds the file system only while committing a batch,
+/// and ends at `stop_commits` or when the file system is dropped.
+pub fn spawn_committer(fs: &Arc<CachingFs>) -> std::io::Result<()> {
+    let weak: Weak<CachingFs> = Arc::downgrade(fs);
+    let gc = &fs.commits;
+    gc.running.store(true, Relaxed);
+    let thread = std::thread::Builder::new()
+        .name("commit".into())
+        .spawn(move || {
+            loop {
+                let Some(fs) = weak.upgrade() else { return };
+                let gc = &fs.commits;
+                let Some(ids) = gc.next_batch() else { return };
+                let _batch = gc.batch.lock().unwrap();
+                fs.commit_batch(ids);
+            }
+        })?;
+    *gc.thread.lock().unwrap() = Some(thread);
+    Ok(())
+}
