@@ -198,12 +198,6 @@ impl CacheStore {
         fs_free(self.top.root_fd())
     }
 
-    /// Writes everything of the cache's file system to disk (`syncfs`): the group commit's
-    /// one sync for many files.
-    pub fn sync(&self) -> io::Result<()> {
-        rustix::fs::syncfs(self.data_dir().root_fd()).map_err(io::Error::from)
-    }
-
     /// The data tree (the mirrored source names).
     pub fn data_dir(&self) -> &Arc<BeneathRoot> {
         &self.data

@@ -507,6 +507,11 @@ mod tests {
         (rec.dirty, rec.present_count())
     }
 
+    /// The group commit's sync of the data file.
+    fn sync(state: &FileState) {
+        state.files.as_ref().unwrap().data.sync_data().unwrap();
+    }
+
     fn fill(state: &mut FileState, c: u64) {
         let files = state.files.as_ref().unwrap();
         files
@@ -527,7 +532,7 @@ mod tests {
         assert!(s.needs_checkpoint());
         assert_eq!(on_disk(&s), (false, 0), "nothing claimed before the commit");
         let ticket = s.commit_ticket().expect("waits for a commit");
-        f.cache.sync().unwrap();
+        sync(&s);
         assert!(s.commit_synced(&env, ticket));
         assert_eq!(on_disk(&s), (false, 1));
         assert!(!s.needs_checkpoint());
@@ -544,7 +549,7 @@ mod tests {
         s.defer_checkpoint();
         let ticket = s.commit_ticket().unwrap();
         fill(&mut s, 1);
-        f.cache.sync().unwrap();
+        sync(&s);
         assert!(!s.commit_synced(&env, ticket));
         assert_eq!(on_disk(&s), (false, 0));
         // A write through the mount: the record on disk is dirty, and stays so.
@@ -599,7 +604,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let files = s.files.as_ref().unwrap();
         files.data.write_all_at(b"MORE", 2 * CHUNK).unwrap();
-        f.cache.sync().unwrap();
+        sync(&s);
         assert!(!s.data_is_ours());
         // As the group commit does (`commit_batch`): discarded, never claimed.
         s.discard_foreign_data(&env);
