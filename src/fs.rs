@@ -53,6 +53,17 @@ use crate::stats::{Snapshot, Stats};
 
 pub type Result<T> = std::result::Result<T, Errno>;
 
+/// The set-ID bits of `mode` that a write or truncation by a caller without `CAP_FSETID`
+/// clears: set-user-ID, and set-group-ID when the group may execute (without it the bit
+/// means mandatory locking, and stays).
+pub fn set_id_bits(mode: u32) -> u32 {
+    let mut bits = mode & libc::S_ISUID;
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        bits |= libc::S_ISGID;
+    }
+    bits
+}
+
 /// The errno of an I/O error; anything without one is EIO (and logged).
 pub fn errno(e: io::Error) -> Errno {
     match e.raw_os_error() {
@@ -2321,7 +2332,12 @@ impl CachingFs {
         }
     }
 
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    /// Writes `data` through to the source at `offset`, then to the cache file. With
+    /// `kill_suidgid` (the writer lacks `CAP_FSETID`; the kernel leaves this to us under
+    /// `FUSE_HANDLE_KILLPRIV_V2`) a set-user-ID bit, and a set-group-ID bit with group
+    /// execute, are cleared as a local write would clear them: the daemon writes as root,
+    /// for whom the source's kernel keeps them.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> Result<u32> {
         let h = self.handle(fh)?;
         if h.writes_to_cache() {
             return self.offline_write(&h, offset, data);
@@ -2347,7 +2363,18 @@ impl CachingFs {
             return Err(errno(e));
         }
         Stats::add(&self.stats.cache.bytes_written, data.len() as u64);
-        let after = self.source.fstat(src.as_fd()).map_err(errno)?;
+        let mut after = self.source.fstat(src.as_fd()).map_err(errno)?;
+        let privs = set_id_bits(after.mode);
+        if kill_suidgid && privs != 0 {
+            let mode = after.mode & 0o7777 & !privs;
+            self.source
+                .with_fd(src.as_fd(), move |f| {
+                    use std::os::unix::fs::PermissionsExt;
+                    f.set_permissions(std::fs::Permissions::from_mode(mode))
+                })
+                .map_err(errno)?;
+            after = self.source.fstat(src.as_fd()).map_err(errno)?;
+        }
         let end = offset + data.len() as u64;
         if state.files.is_some() {
             let files = state.files.as_ref().unwrap();

@@ -117,6 +117,13 @@ impl Filesystem for FuseAdapter {
                 self.fs.disable_passthrough();
             }
         }
+        // Set-ID bits cleared by us on writes and truncations (the kernel then stops
+        // asking `security.capability` before every write: one `getxattr` per file
+        // instead, issue 22). The source's own kernel clears capabilities on our writes
+        // and set-ID bits on our chowns; the object store keeps neither.
+        if !self.fs.source_is_object() {
+            want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+        }
         let want = want & caps;
         if let Err(missing) = config.add_capabilities(want) {
             tracing::warn!("kernel lacks capabilities {missing:?}");
@@ -145,7 +152,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -162,6 +169,19 @@ impl Filesystem for FuseAdapter {
         reply: ReplyAttr,
     ) {
         let _timer = self.fs.stats.start(Op::Setattr);
+        // A truncation by a caller without CAP_FSETID clears set-ID bits
+        // (`FUSE_HANDLE_KILLPRIV_V2`; fuser does not pass the kernel's
+        // `FATTR_KILL_SUIDGID`, so "not root" stands for it).
+        let mode = match (mode, size) {
+            (None, Some(_)) if req.uid() != 0 && !self.fs.source_is_object() => self
+                .fs
+                .getattr(ino.0, fh.map(|f| f.0))
+                .ok()
+                .map(|a| u32::from(a.perm))
+                .filter(|m| crate::fs::set_id_bits(*m) != 0)
+                .map(|m| m & !crate::fs::set_id_bits(m)),
+            _ => mode,
+        };
         let set = SetAttr {
             mode,
             uid,
@@ -316,13 +336,14 @@ impl Filesystem for FuseAdapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _timer = self.fs.stats.start(Op::Write);
-        match self.fs.write(fh.0, offset, data) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.fs.write(fh.0, offset, data, kill) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }

@@ -100,7 +100,7 @@ fn write_through(fs: &CachingFs, name: &str, offset: u64, data: &[u8]) {
             (attr.ino.0, o.fh)
         }
     };
-    let n = fs.write(fh, offset, data).unwrap();
+    let n = fs.write(fh, offset, data, false).unwrap();
     assert_eq!(n as usize, data.len());
     fs.flush(id, fh, 0).unwrap();
     fs.release(fh).unwrap();

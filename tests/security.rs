@@ -507,3 +507,73 @@ fn other_users_get_nothing_the_source_denies_them() {
     assert!(out.stdout.is_empty(), "open modes in the cache: {out:?}");
     assert_eq!(fs::metadata(&t.cache).unwrap().mode() & 0o777, 0o700);
 }
+
+/// Writes and truncations by a user without CAP_FSETID clear set-ID bits on the source, as
+/// on a local disk, although the daemon writes as root (FUSE_HANDLE_KILLPRIV_V2: the
+/// daemon clears them). Root's writes keep them. And the kernel no longer asks for
+/// `security.capability` before every write.
+#[test]
+fn writes_by_other_users_clear_set_id_bits() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let t = &mut TestMount::new(&["--allow-other"]);
+    fs::set_permissions(t.base(), fs::Permissions::from_mode(0o755)).unwrap();
+    let mode_of = |name: &str| fs::metadata(t.s(name)).unwrap().permissions().mode() & 0o7777;
+    for (name, mode) in [
+        ("suid", 0o4777),
+        ("sgid-x", 0o2777),
+        ("sgid-nox", 0o2767),
+        ("trunc", 0o6777),
+        ("root", 0o6777),
+    ] {
+        fs::write(t.s(name), b"0123456789").unwrap();
+        std::os::unix::fs::chown(t.s(name), Some(65534), Some(65534)).unwrap();
+        fs::set_permissions(t.s(name), fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let write_as_nobody = |name: &str| {
+        let out = as_nobody(&[
+            "dd",
+            "conv=notrunc",
+            "bs=4",
+            "count=1",
+            "if=/dev/zero",
+            &format!("of={}", t.m(name).display()),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    };
+    write_as_nobody("suid");
+    assert_eq!(mode_of("suid"), 0o777);
+    write_as_nobody("sgid-x");
+    assert_eq!(mode_of("sgid-x"), 0o777);
+    // Set-group-ID without group execute is mandatory locking: it stays.
+    write_as_nobody("sgid-nox");
+    assert_eq!(mode_of("sgid-nox"), 0o2767);
+    let out = as_nobody(&["truncate", "-s", "3", t.m("trunc").to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(mode_of("trunc"), 0o777);
+    assert_eq!(fs::metadata(t.s("trunc")).unwrap().len(), 3);
+    // Root writes: the bits stay.
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("root"))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"x", 0).unwrap();
+    drop(f);
+    assert_eq!(mode_of("root"), 0o6777);
+    // A file without set-ID bits: the kernel asks about capabilities at its first write
+    // only (it used to before each one).
+    fs::write(t.s("plain"), b"").unwrap();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("plain"))
+        .unwrap();
+    let before = t.stats().requests.get("getxattr").copied().unwrap_or(0);
+    for i in 0..50u64 {
+        std::os::unix::fs::FileExt::write_all_at(&f, b"x", i).unwrap();
+    }
+    drop(f);
+    let asked = t.stats().requests.get("getxattr").copied().unwrap_or(0) - before;
+    assert!(asked <= 2, "{asked} getxattr requests for 50 writes");
+}
