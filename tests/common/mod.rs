@@ -32,6 +32,30 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_hoardfs");
 /// How long a mount may take to say `READY=1`.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
+/// Each thread of process `pid`: its name, state, wait channel and kernel stack (root
+/// reads the stack), to tell where a daemon that does not start is stuck.
+fn thread_stacks(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("(no /proc/{pid})");
+    };
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat.rsplit(") ").next().and_then(|r| r.split(' ').next());
+        out += &format!(
+            "-- task {} ({}) state {} wchan {}\n{}",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            state.unwrap_or("?"),
+            read("wchan"),
+            read("stack")
+        );
+    }
+    out
+}
+
 /// How long after the test's last close the daemon may still hold descriptors of the
 /// closed files (FUSE releases are asynchronous; a fetch in flight finishes first).
 const RELEASE_WITHIN: Duration = Duration::from_secs(2);
@@ -360,10 +384,14 @@ impl TestMount {
                 self.forget_child();
                 panic!("hoardfs exited before it was ready: {status}");
             }
-            assert!(
-                t0.elapsed() < READY_WITHIN,
-                "hoardfs did not say READY=1 within {READY_WITHIN:?}"
-            );
+            if t0.elapsed() >= READY_WITHIN {
+                let pid = self.child.as_ref().unwrap().id();
+                panic!(
+                    "hoardfs did not say READY=1 within {READY_WITHIN:?}; where its threads \
+                     wait:\n{}",
+                    thread_stacks(pid)
+                );
+            }
         }
         assert!(is_mounted(&self.mnt), "READY=1 before the mount exists");
         if let Err(e) = hoardfs::control::request_stats(&self.mnt) {
