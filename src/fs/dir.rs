@@ -1,0 +1,164 @@
+//! Open directories: the listing a handle serves, read from the source at opendir (and
+//! saved for offline use), read again after a change of the namespace, and the attributes
+//! of its entries for readdirplus.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use fuser::{Errno, FileAttr, FileType};
+
+use super::{CachingFs, DirList, ListEntry, Result, attr_of, child, errno, kind_of};
+
+impl CachingFs {
+    pub fn opendir(&self, id: u64) -> Result<u64> {
+        let inode = self.inode(id)?;
+        // As in `open`: the kernel looks the name up again.
+        let path = inode.path().ok_or(Errno::ESTALE)?;
+        let offline = |path: &Path| {
+            let list = self.offline_dir_list(id, path)?;
+            let fh = self.new_fh();
+            self.dirs.lock().unwrap().insert(fh, Arc::new(list));
+            Ok(fh)
+        };
+        if !self.online() {
+            return offline(&path);
+        }
+        match self.opendir_online(id, &path) {
+            Err(_) if !self.online() => offline(&path),
+            r => r,
+        }
+    }
+
+    fn opendir_online(&self, id: u64, path: &Path) -> Result<u64> {
+        let list = self.list_dir_online(id, path)?;
+        let fh = self.new_fh();
+        self.dirs.lock().unwrap().insert(fh, Arc::new(list));
+        Ok(fh)
+    }
+
+    /// Reads directory `id` at `path` from the source for an open directory handle.
+    fn list_dir_online(&self, id: u64, path: &Path) -> Result<DirList> {
+        let generation = self.namespace_generation();
+        let path = path.to_path_buf();
+        // Kept for fstat of the open directory once its name is gone.
+        let fd = if self.source.is_object() {
+            None
+        } else {
+            let fd = self
+                .source
+                .openat(
+                    &path,
+                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+                    0,
+                )
+                .map_err(errno)?;
+            self.coherence.watch_dir(id, || {
+                crate::source::dup_file(fd.as_fd()).ok().map(OwnedFd::from)
+            });
+            Some(fd)
+        };
+        let entries = self.source.read_dir(&path).map_err(errno)?;
+        self.save_listing(&path, &entries);
+        let mut list = Vec::with_capacity(entries.len() + 2);
+        list.push(ListEntry {
+            ino: id,
+            kind: FileType::Directory,
+            name: ".".into(),
+        });
+        list.push(ListEntry {
+            ino: id,
+            kind: FileType::Directory,
+            name: "..".into(),
+        });
+        for e in entries {
+            list.push(ListEntry {
+                ino: e.ino,
+                kind: if e.file_type == 0 {
+                    FileType::RegularFile
+                } else {
+                    kind_of(e.file_type)
+                },
+                name: e.name,
+            });
+        }
+        // The order its files will be read in by a walk (`fetch::DirPrefetch`).
+        if self.fetcher.tun.dir_prefetch.load(Ordering::Relaxed) > 0 {
+            let files = list.iter().filter(|e| e.kind == FileType::RegularFile);
+            self.fetcher
+                .dirs
+                .listed(&path, files.map(|e| e.name.clone()));
+        }
+        Ok(DirList {
+            dir_id: id,
+            path,
+            fd,
+            entries: list,
+            generation,
+        })
+    }
+
+    /// Attributes for a readdirplus batch. Each entry returned with `Some` counts as one
+    /// kernel lookup of it (the caller must `forget` entries it could not send); `.` and
+    /// `..` do not count, as the kernel does not link them.
+    pub fn readdirplus_attrs(
+        &self,
+        list: &DirList,
+        from: usize,
+        max: usize,
+    ) -> Vec<Option<FileAttr>> {
+        if !self.online() {
+            return self.offline_readdirplus_attrs(list, from, max);
+        }
+        let batch: Vec<&ListEntry> = list.entries.iter().skip(from).take(max).collect();
+        let names: Vec<&OsStr> = batch.iter().map(|e| e.name.as_os_str()).collect();
+        let Ok(stats) = self.source.stat_children(&list.path, &names) else {
+            return vec![None; batch.len()];
+        };
+        batch
+            .iter()
+            .zip(stats)
+            .map(|(e, st)| {
+                let st = st.ok()?;
+                if e.name == "." || e.name == ".." {
+                    return Some(attr_of(list.dir_id, &st));
+                }
+                let path = child(&list.path, &e.name).ok()?;
+                let inode = self.inodes.lookup(list.dir_id, &path, &st);
+                Some(attr_of(inode.id, &st))
+            })
+            .collect()
+    }
+
+    /// The listing an open directory handle serves from `offset`. A listing that begins
+    /// (offset 0) after a change of the namespace through the mount, or one the watcher
+    /// reported, is read again: the kernel caches what a handle serves from offset 0 as the
+    /// directory's listing for its current version, which includes that change, so a
+    /// handle opened before the change must not serve its older listing then.
+    pub fn dir_entries(&self, fh: u64, offset: u64) -> Result<Arc<DirList>> {
+        let list = self
+            .dirs
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno::EBADF)?;
+        if offset != 0 || list.generation == self.namespace_generation() || !self.online() {
+            return Ok(list);
+        }
+        match self.list_dir_online(list.dir_id, &list.path) {
+            Ok(fresh) => {
+                let fresh = Arc::new(fresh);
+                self.dirs.lock().unwrap().insert(fh, fresh.clone());
+                Ok(fresh)
+            }
+            Err(_) => Ok(list),
+        }
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.lock().unwrap().remove(&fh);
+    }
+}

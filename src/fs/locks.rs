@@ -1,0 +1,124 @@
+//! POSIX locks, held on the source as OFD locks on one descriptor per inode and lock owner,
+//! so that they hold for every client of the source.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+
+use fuser::Errno;
+
+use super::{CachingFs, Result, errno};
+
+impl CachingFs {
+    fn lock_file(&self, id: u64, owner: u64, fh: u64) -> Result<File> {
+        if self.source.is_object() {
+            // No locks in an object store: the kernel keeps them, local to this machine.
+            return Err(Errno::ENOSYS);
+        }
+        let mut locks = self.locks.lock().unwrap();
+        if let Some(f) = locks.get(&(id, owner)) {
+            return crate::source::dup_file(f.as_fd()).map_err(errno);
+        }
+        let h = self.handle(fh)?;
+        // OFD locks need a descriptor open for the lock's type: read-write where possible.
+        let path = h.inode.path().ok_or(Errno::ENOENT)?;
+        let f = self
+            .source
+            .open_file(&path, libc::O_RDWR)
+            .or_else(|_| self.source.open_file(&path, libc::O_RDONLY))
+            .map_err(errno)?;
+        let dup = crate::source::dup_file(f.as_fd()).map_err(errno)?;
+        locks.insert((id, owner), f);
+        Ok(dup)
+    }
+
+    fn flock_struct(start: u64, end: u64, typ: i32) -> libc::flock {
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = start as i64;
+        fl.l_len = if end == u64::MAX || end >= i64::MAX as u64 {
+            0
+        } else {
+            (end - start + 1) as i64
+        };
+        fl
+    }
+
+    /// One OFD-lock `fcntl` on the source for `owner`'s POSIX lock on `id`.
+    #[allow(clippy::too_many_arguments)]
+    fn source_lock(
+        &self,
+        id: u64,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        cmd: i32,
+    ) -> io::Result<libc::flock> {
+        let f = self
+            .lock_file(id, owner, fh)
+            .map_err(|e| io::Error::from_raw_os_error(e.code()))?;
+        let mut fl = Self::flock_struct(start, end, typ);
+        let mut lock = move |f: &File| {
+            let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(f), cmd, &mut fl) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(fl)
+        };
+        if cmd == libc::F_OFD_SETLKW {
+            // A wait for another holder's lock may last as long as that holder wants: no
+            // timeout (such waits run on their own threads, see `fuse_adapter`).
+            return lock(&f);
+        }
+        self.source.with_fd(f.as_fd(), lock)
+    }
+
+    /// The first lock conflicting with the given one: (start, end, type).
+    pub fn getlk(
+        &self,
+        id: u64,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+    ) -> Result<(u64, u64, i32)> {
+        let fl = self
+            .source_lock(id, fh, owner, start, end, typ, libc::F_OFD_GETLK)
+            .map_err(errno)?;
+        let s = fl.l_start as u64;
+        let e = if fl.l_len == 0 {
+            u64::MAX
+        } else {
+            s + fl.l_len as u64 - 1
+        };
+        Ok((s, e, fl.l_type as i32))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn setlk(
+        &self,
+        id: u64,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        sleep: bool,
+    ) -> Result<()> {
+        let cmd = if sleep {
+            libc::F_OFD_SETLKW
+        } else {
+            libc::F_OFD_SETLK
+        };
+        match self.source_lock(id, fh, owner, start, end, typ, cmd) {
+            Ok(_) => Ok(()),
+            // POSIX says EAGAIN or EACCES; the kernel's FUSE code expects EAGAIN.
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => Err(Errno::EAGAIN),
+            Err(e) => Err(errno(e)),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Names: lookup, forget and readlink, and the changes of the namespace (mknod, mkdir,
+//! symlink, unlink, rmdir, rename, link), made on the source first, then followed by the
+//! inode table, the saved listings and the cache.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::{Arc, MutexGuard};
+
+use fuser::{Errno, FileAttr};
+
+use super::{CachingFs, FileState, Inode, Result, attr_of, child, errno};
+use crate::source::{SetAttr, Stat};
+
+impl CachingFs {
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
+        if !self.online() {
+            return self.offline_lookup(parent, name);
+        }
+        match self.lookup_online(parent, name) {
+            Err(_) if !self.online() => self.offline_lookup(parent, name),
+            r => r,
+        }
+    }
+
+    fn lookup_online(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
+        let dir = self.inode(parent)?;
+        let dir_path = dir.path().ok_or(Errno::ENOENT)?;
+        // Watch first: a change between our stat and the watch would go unseen.
+        self.coherence
+            .watch_dir(parent, || self.source.dir(&dir_path).ok());
+        let path = child(&dir_path, name)?;
+        let mut st = self.source.stat(&path).map_err(errno)?;
+        let inode = self.inodes.lookup(parent, &path, &st);
+        self.pending_attr(inode.id, &mut st);
+        Ok(attr_of(inode.id, &st))
+    }
+
+    pub fn forget(&self, id: u64, n: u64) {
+        self.inodes.forget(id, n);
+    }
+
+    /// Sets a new object's owner to the caller's, following the setgid-directory rule.
+    pub(super) fn own_new(&self, path: &Path, parent: &Path, uid: u32, gid: u32) -> Result<()> {
+        if !rustix::process::geteuid().is_root() {
+            return Ok(());
+        }
+        let pst = self.source.stat(parent).map_err(errno)?;
+        let gid = if pst.mode & libc::S_ISGID != 0 {
+            None
+        } else {
+            Some(gid)
+        };
+        self.source.chown_new(path, uid, gid).map_err(errno)
+    }
+
+    pub(super) fn entry_after_create(&self, parent: u64, path: &Path) -> Result<FileAttr> {
+        self.listing_changed(path.parent().unwrap_or(Path::new("")));
+        let st = self.source.stat(path).map_err(errno)?;
+        let inode = self.inodes.lookup(parent, path, &st);
+        Ok(attr_of(inode.id, &st))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
+        self.changes_allowed()?;
+        let dir = self.path_of(parent)?;
+        let path = child(&dir, name)?;
+        self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
+        self.finish_create(parent, &path, &dir, mode, uid, gid)
+    }
+
+    /// Gives a new object to the caller; `chown` by root clears set-id bits, so they are
+    /// put back afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_create(
+        &self,
+        parent: u64,
+        path: &Path,
+        dir: &Path,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
+        if let Err(e) = self.own_new(path, dir, uid, gid) {
+            let _ = self.source.unlink(path);
+            return Err(e);
+        }
+        if mode & (libc::S_ISUID | libc::S_ISGID) != 0 && mode & libc::S_IFMT != libc::S_IFLNK {
+            let set = SetAttr {
+                mode: Some(mode & 0o7777),
+                ..Default::default()
+            };
+            self.source
+                .set_attr(Some(path), None, &set)
+                .map_err(errno)?;
+        }
+        self.entry_after_create(parent, path)
+    }
+
+    pub fn mkdir(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
+        if self.offline_change()? {
+            return self.offline_mkdir(parent, name, mode, uid, gid);
+        }
+        if self.source.is_object() {
+            return self.object_mkdir(parent, name, mode, uid, gid);
+        }
+        let dir = self.path_of(parent)?;
+        let path = child(&dir, name)?;
+        self.source.mkdir(&path, mode).map_err(errno)?;
+        if let Err(e) = self.own_new(&path, &dir, uid, gid) {
+            let _ = self.source.rmdir(&path);
+            return Err(e);
+        }
+        self.entry_after_create(parent, &path)
+    }
+
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+        uid: u32,
+        gid: u32,
+    ) -> Result<FileAttr> {
+        self.changes_allowed()?;
+        let dir = self.path_of(parent)?;
+        let path = child(&dir, name)?;
+        self.source.symlink(target, &path).map_err(errno)?;
+        if let Err(e) = self.own_new(&path, &dir, uid, gid) {
+            let _ = self.source.unlink(&path);
+            return Err(e);
+        }
+        self.entry_after_create(parent, &path)
+    }
+
+    pub fn readlink(&self, id: u64) -> Result<Vec<u8>> {
+        if !self.online() {
+            return self.offline_readlink(&*self.inode(id)?);
+        }
+        match self.source.readlink(&self.path_of(id)?) {
+            Err(_) if !self.online() => self.offline_readlink(&*self.inode(id)?),
+            r => r.map_err(errno),
+        }
+    }
+
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+        if self.offline_change()? {
+            return self.offline_unlink(parent, name);
+        }
+        let path = child(&self.path_of(parent)?, name)?;
+        let before = self.source.stat(&path).map_err(errno)?;
+        let inode = self.find_inode(&path, &before);
+        let uploads_held = self.hold_uploads(inode.as_deref());
+        self.source.unlink(&path).map_err(errno)?;
+        if let Some(inode) = &inode {
+            inode.remove_name(&path);
+        }
+        drop(uploads_held);
+        self.listing_changed(path.parent().unwrap_or(Path::new("")));
+        if let Some(inode) = inode
+            && before.nlink <= 1
+        {
+            self.inodes.unlinked(&inode);
+            if let Some(state) = inode.file().as_mut() {
+                state.unlinked = Some(Stat { nlink: 0, ..before });
+            }
+        }
+        if let Err(e) = self.uncache(&path) {
+            tracing::warn!(?path, "cannot drop cache entry: {e}");
+        }
+        Ok(())
+    }
+
+    pub(super) fn find_inode(&self, path: &Path, st: &Stat) -> Option<Arc<Inode>> {
+        self.inodes.find(path, st)
+    }
+
+    /// On an object store an open writer uploads under the file's current name (flush,
+    /// fsync, release; a `fork` elsewhere can send a flush at any time). Holding its state
+    /// across a delete or rename and the change of its name keeps such an upload from
+    /// landing under the old name after the store's change, which would bring it back.
+    fn hold_uploads<'a>(
+        &self,
+        inode: Option<&'a Inode>,
+    ) -> Option<MutexGuard<'a, Option<FileState>>> {
+        inode.filter(|_| self.source.is_object()).map(|i| i.file())
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+        if self.offline_change()? {
+            return self.offline_rmdir(parent, name);
+        }
+        let path = child(&self.path_of(parent)?, name)?;
+        let before = self.source.stat(&path).ok();
+        self.source.rmdir(&path).map_err(errno)?;
+        self.listing_changed(path.parent().unwrap_or(Path::new("")));
+        self.listing_changed(&path);
+        if let Some(inode) = before.and_then(|st| self.inodes.find(&path, &st)) {
+            inode.remove_name(&path);
+        }
+        if let Err(e) = self.uncache(&path) {
+            tracing::warn!(?path, "cannot drop cache entry: {e}");
+        }
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        if self.offline_change()? {
+            return self.offline_rename(parent, name, newparent, newname, flags);
+        }
+        let _whole = self.renames.read().unwrap();
+        let from = child(&self.path_of(parent)?, name)?;
+        let to = child(&self.path_of(newparent)?, newname)?;
+        let before = self.source.stat(&from).ok();
+        // The renamed file's ctime moves: opens meanwhile must not call that a change.
+        let _changing = (before.as_ref())
+            .filter(|b| b.is_file())
+            .and_then(|b| self.find_inode(&from, b))
+            .map(|i| i.own_change());
+        let inode = (before.as_ref())
+            .filter(|_| self.source.is_object())
+            .and_then(|b| self.find_inode(&from, b));
+        let uploads_held = self.hold_uploads(inode.as_deref());
+        self.source.rename(&from, &to, flags).map_err(errno)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        self.inodes.renamed(&from, &to, exchange, parent, newparent);
+        drop(uploads_held);
+        for dir in [&from, &to] {
+            self.listing_changed(dir.parent().unwrap_or(Path::new("")));
+            self.listing_changed(dir);
+        }
+        self.cache.rename(&from, &to, flags);
+        if exchange {
+            self.cache_renamed(&[&from, &to]);
+        } else {
+            self.cache_renamed(&[&to]);
+        }
+        // rename changes the file's ctime: keep its cache record matching (our own change).
+        if let Some(before) = before.filter(|b| b.is_file())
+            && let Ok(after) = self.source.stat(&to)
+        {
+            self.own_change(&to, &before, &after, false);
+        }
+        Ok(())
+    }
+
+    pub fn link(&self, id: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr> {
+        self.changes_allowed()?;
+        let from = self.path_of(id)?;
+        let to = child(&self.path_of(newparent)?, newname)?;
+        let before = self.source.stat(&from).map_err(errno)?;
+        let _changing = self.inode(id)?.own_change();
+        self.source.link(&from, &to).map_err(errno)?;
+        self.listing_changed(from.parent().unwrap_or(Path::new("")));
+        self.listing_changed(to.parent().unwrap_or(Path::new("")));
+        let st = self.source.stat(&to).map_err(errno)?;
+        if before.is_file() {
+            self.own_change(&from, &before, &st, false);
+        }
+        let inode = self.inodes.lookup(newparent, &to, &st);
+        // Keep using the old name while it exists: the cache entry lives under it.
+        inode.set_path(&from);
+        inode.set_path(&to);
+        inode.set_path(&from);
+        Ok(attr_of(inode.id, &st))
+    }
+}

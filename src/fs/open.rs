@@ -1,0 +1,537 @@
+//! Opening regular files: create, and the open pipeline, which validates the cache state
+//! against the source, handles the kernel's ESTALE retry and retired nodes, and decides
+//! between passthrough and the daemon (`finish_open`).
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use fuser::{BackingId, Errno, FileAttr, FopenFlags};
+
+use super::{CachingFs, FileState, Handle, Inode, Opened, Result, Writes, child, errno};
+use crate::coherence::Notice;
+use crate::fetch::HandleFetch;
+use crate::source::fstat;
+use crate::stats::Stats;
+
+/// How often an open looks at a file again whose record is older than the source while
+/// an own change may be under way (a millisecond apart while one is).
+const OWN_CHANGE_TRIES: u32 = 50;
+
+/// How long after an open answered ESTALE its thread's next open counts as the kernel's
+/// retry of it (`CachingFs::open`): the retry follows at once, but a loaded machine may
+/// delay it. Bounds a mark the kernel did not follow with a retry.
+const ESTALE_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a writer waits for passthrough readers whose release is still on its way.
+const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
+
+impl CachingFs {
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(FileAttr, Opened)> {
+        if self.offline_change()? {
+            return self.offline_create(parent, name, mode, flags, uid, gid);
+        }
+        if self.source.is_object() {
+            return self.object_create(parent, name, mode, flags, uid, gid);
+        }
+        let dir = self.path_of(parent)?;
+        let path = child(&dir, name)?;
+        // Exclusive first, so that we know we made it and may give it to the caller; a file
+        // that appeared on the source meanwhile is opened as it is unless O_EXCL was asked.
+        let (file, attr) =
+            match self
+                .source
+                .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
+            {
+                Ok(file) => {
+                    let attr = self.finish_create(parent, &path, &dir, mode, uid, gid)?;
+                    (file, attr)
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
+                    let file = self
+                        .source
+                        .open_file(&path, Self::source_flags(flags) | (flags & libc::O_TRUNC))
+                        .map_err(errno)?;
+                    (file, self.entry_after_create(parent, &path)?)
+                }
+                Err(e) => return Err(errno(e)),
+            };
+        let inode = self.inode(attr.ino.0)?;
+        let mut st = self.source.fstat(file.as_fd()).map_err(errno)?;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // A new file is fully known: cache it empty and complete.
+        {
+            let mut guard = inode.file();
+            if guard.is_none() {
+                let (mut state, _) = self.load_state(&inode, &path, &mut st, true);
+                state.path_fd = crate::source::dup_file(file.as_fd())
+                    .ok()
+                    .map(OwnedFd::from);
+                *guard = Some(state);
+            }
+            let state = guard.as_mut().unwrap();
+            state.daemon_opens += 1;
+            state.writers += u32::from(writable);
+        }
+        let fh = self.new_fh();
+        self.handles.lock().unwrap().insert(
+            fh,
+            Arc::new(Handle {
+                inode,
+                source: Some(file),
+                writable,
+                passthrough: None,
+                fetch: HandleFetch::default(),
+                writes: Writes::Through,
+            }),
+        );
+        Ok((
+            attr,
+            Opened {
+                fh,
+                flags: FopenFlags::empty(),
+                backing: None,
+            },
+        ))
+    }
+
+    /// Flags for opening the source: the caller's access mode and sync flags. Offsets come
+    /// from the kernel, so O_APPEND is not passed; O_TRUNC arrives as a setattr.
+    fn source_flags(flags: i32) -> i32 {
+        flags & (libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC)
+    }
+
+    /// Opens a regular file for process `pid`. `make_backing` registers a cache file for
+    /// passthrough.
+    pub fn open(
+        &self,
+        id: u64,
+        flags: i32,
+        pid: u32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        // The kernel retries an open that failed with ESTALE once, at once, after looking
+        // the name up again (`do_filp_open`), and the thread waits in that one syscall
+        // meanwhile: when this thread's previous open answered ESTALE moments ago, this is
+        // its retry. Every open takes the mark, so none outlives the retry it stands for.
+        let first_estale = {
+            let mut told = self.estale_told.lock().unwrap();
+            told.retain(|_, at| at.elapsed() < ESTALE_RETRY);
+            told.remove(&pid)
+        };
+        let r = self.open_node(id, flags, first_estale, make_backing);
+        if first_estale.is_none() && matches!(r, Err(e) if e == Errno::ESTALE) {
+            self.estale_told.lock().unwrap().insert(pid, Instant::now());
+        }
+        r
+    }
+
+    /// `open`; `first_estale`: when this thread's previous open, of which this one is the
+    /// kernel's retry, answered ESTALE.
+    fn open_node(
+        &self,
+        id: u64,
+        flags: i32,
+        first_estale: Option<Instant>,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        let inode = self.inode(id)?;
+        if inode.is_retired() {
+            return self.open_retired(&inode, flags, first_estale, make_backing);
+        }
+        // No name leads here any more (unlinked, or another file took the name): the
+        // kernel's dentry is stale, and on ESTALE it looks the name up again.
+        let path = inode.path().ok_or(Errno::ESTALE)?;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let offline = || {
+            if writable || flags & libc::O_TRUNC != 0 {
+                return self.offline_open_write(&inode, &path, flags);
+            }
+            let mut guard = inode.file();
+            if guard.is_none() {
+                *guard = Some(self.offline_state(&inode, &path));
+            }
+            self.finish_open(&inode, guard, false, None, true, make_backing)
+        };
+        if !self.online() {
+            return offline();
+        }
+        match self.open_online(&inode, &path, flags, make_backing) {
+            Err(_) if !self.online() => offline(),
+            r => r,
+        }
+    }
+
+    /// An open of a retired node: an old version, kept for the handles open on it. The
+    /// kernel looks the name up again on ESTALE and retries the open once, which then
+    /// reaches the new entry. When the retry finds a retired node again (the file was
+    /// replaced again meanwhile), failing would make an open of a name that always existed
+    /// fail; it gets the version this node holds instead, whole, if an open saw that
+    /// version current after this open's first try began: it was then the file's at an
+    /// instant of this open. Retirement itself says nothing of when the source changed
+    /// (without a watcher a change is found only by the next open), so a version last seen
+    /// before the first try is never served, nor is a node reached with no lookup, as
+    /// through `/proc/self/fd`.
+    fn open_retired(
+        &self,
+        inode: &Arc<Inode>,
+        flags: i32,
+        first_estale: Option<Instant>,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        let guard = inode.file();
+        let during = match (first_estale, guard.as_ref().and_then(|s| s.confirmed)) {
+            (Some(first), Some(confirmed)) => confirmed >= first,
+            _ => false,
+        };
+        let whole = guard
+            .as_ref()
+            .is_some_and(|s| s.complete() && s.files.is_some());
+        if !during
+            || !whole
+            || flags & libc::O_ACCMODE != libc::O_RDONLY
+            || flags & libc::O_TRUNC != 0
+        {
+            return Err(Errno::ESTALE);
+        }
+        Stats::add(&self.stats.cache.retired_opens, 1);
+        self.finish_open(inode, guard, false, None, true, make_backing)
+    }
+
+    /// `path` no longer leads to `inode`'s file: the node stops answering to it, and the
+    /// kernel forgets its entry for it.
+    fn drop_stale_name(&self, inode: &Inode, path: &Path) {
+        let parent = inode.parent();
+        inode.remove_name(path);
+        if let Some(name) = path.file_name() {
+            self.coherence
+                .notify(Notice::Entry(parent, name.to_os_string()));
+        }
+    }
+
+    fn open_online(
+        &self,
+        inode: &Arc<Inode>,
+        path: &Path,
+        flags: i32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        let (inode, path) = (inode.clone(), path.to_path_buf());
+        let id = inode.id;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.ensure_listed(path.parent().unwrap_or(Path::new("")));
+        // Just before the look at the source: the version it shows was current then.
+        let mut looked_at = Instant::now();
+        let looked = if self.source.is_object() {
+            self.source.stat(&path).map(|st| (None, st))
+        } else {
+            self.source
+                .openat(&path, rustix::fs::OFlags::PATH, 0)
+                .and_then(|fd| {
+                    let st = self.source.fstat(fd.as_fd())?;
+                    Ok((Some(fd), st))
+                })
+        };
+        let (path_fd, st) = match looked {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // The name this node knows the file by is gone, while the kernel reached
+                // the node by a name it still holds: a listing read just before a rename
+                // behind the mount can name the node last by the name renamed away. On
+                // ESTALE the kernel looks its name up again, which names the node rightly
+                // (or answers ENOENT if the file is gone).
+                self.drop_stale_name(&inode, &path);
+                return Err(Errno::ESTALE);
+            }
+            r => r.map_err(errno)?,
+        };
+        if self.stable_ino && (st.dev, st.ino) != inode.key {
+            // Another file has the name now (renamed over it behind the mount, and no
+            // watcher told the kernel yet). This node stays with the file it was looked up
+            // as, whose open handles keep reading it; the kernel looks the name up again on
+            // ESTALE and opens the node of the file the name leads to now.
+            self.drop_stale_name(&inode, &path);
+            return Err(Errno::ESTALE);
+        }
+        if !st.is_file() {
+            return Err(Errno::EINVAL);
+        }
+        let mut st = st;
+        let mut guard = inode.file();
+        // The stat was taken before the lock: a change made through the mount meanwhile
+        // (another handle's write, recorded under the lock) makes the record newer than
+        // it. Only a source that holds still while looked at again has really changed.
+        // An own change that moves only the ctime (a rename) is waited for, briefly.
+        let look_again = || match &path_fd {
+            Some(fd) => self.source.fstat(fd.as_fd()),
+            None => self.source.stat(&path),
+        };
+        let mut tries = 0;
+        // (A file not open is looked at again by `load_state`, on a mismatch only.)
+        while let Some(state) = guard.as_ref() {
+            let differs =
+                self.stale_check() && !state.written && state.record.identity != self.identity(&st);
+            tries += 1;
+            if !differs || tries > OWN_CHANGE_TRIES {
+                break;
+            }
+            let changing = inode.is_changing();
+            drop(guard);
+            if changing {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let before_again = Instant::now();
+            let again = look_again().map_err(errno)?;
+            looked_at = before_again;
+            guard = inode.file();
+            if !changing && self.identity(&again) == self.identity(&st) {
+                break;
+            }
+            st = again;
+        }
+        let mut keep_cache = true;
+        let seen = self.identity(&st);
+        match guard.as_mut() {
+            None => {
+                let (mut state, reset) = self.load_state(&inode, &path, &mut st, false);
+                state.path_fd = path_fd;
+                keep_cache = !reset;
+                if reset {
+                    inode.content_changed();
+                }
+                *guard = Some(state);
+            }
+            Some(state) => {
+                // Loaded by the directory prefetch, which keeps no `O_PATH` descriptor.
+                if state.path_fd.is_none() {
+                    state.path_fd = path_fd;
+                }
+                // Loaded but closed (waiting for its group commit, or for fetches): as at
+                // a load, the data file is first checked to be as hoardfs left it.
+                if state.daemon_opens + state.passthrough_opens + state.opening == 0
+                    && !state.data_is_ours()
+                {
+                    state.discard_foreign_data(&self.env());
+                    inode.content_changed();
+                    keep_cache = false;
+                }
+                if self.stale_check()
+                    && !state.written
+                    && state.record.identity != self.identity(&st)
+                    && !self.settle_racy(&path, state, &st)
+                {
+                    // Changed behind the mount while open, before the watcher or a lease
+                    // acted on it.
+                    let c = &self.coherence.counters;
+                    c.changes_detected.fetch_add(1, Ordering::Relaxed);
+                    if self.keep_version(&inode, state, &st) {
+                        // The handles open on this node keep their version; the kernel
+                        // retries the open on the name's new node.
+                        return Err(Errno::ESTALE);
+                    }
+                    self.stale(state, &st, Some(&path));
+                    inode.content_changed();
+                    keep_cache = false;
+                }
+            }
+        }
+        // The state's version was the file's at `looked_at` (unless `load_state` looked
+        // again and found another).
+        if let Some(state) = guard.as_mut()
+            && self.identity(&st) == seen
+            && state.record.identity == seen
+        {
+            state.confirmed = Some(looked_at);
+        }
+        // Also after a reset at load: the kernel may hold pages from an earlier open, and
+        // only a returned notice lets later opens keep pages again (`kernel_pages_current`).
+        if !keep_cache {
+            self.coherence.notify(Notice::Inode(id));
+        }
+        let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            // Fetch the next files of its directory ahead of a reader going through them.
+            self.dir_prefetch_open(&inode, &path, !was_complete);
+        }
+
+        if writable {
+            // The kernel refuses a non-passthrough open while passthrough opens exist, and
+            // passthrough writes would bypass the source. Wait for releases in flight.
+            let deadline = Instant::now() + PASSTHROUGH_RELEASE_WAIT;
+            while guard.as_ref().unwrap().passthrough_opens > 0 {
+                if Instant::now() > deadline {
+                    self.release_if_unused(&inode, &mut guard);
+                    return Err(Errno::ETXTBSY);
+                }
+                drop(guard);
+                std::thread::sleep(Duration::from_millis(2));
+                guard = inode.file();
+                if guard.is_none() {
+                    let (state, _) = self.load_state(&inode, &path, &mut st, false);
+                    *guard = Some(state);
+                }
+            }
+        }
+        let state = guard.as_mut().unwrap();
+        if writable && self.source.is_object() {
+            if let Err(e) = self.object_prepare_write(state, &path, flags) {
+                self.release_if_unused(&inode, &mut guard);
+                return Err(e);
+            }
+            state.daemon_opens += 1;
+            drop(guard);
+            return Ok(self.cache_write_handle(&inode, Writes::Uploaded));
+        }
+
+        if !state.complete() && state.fetch_src.is_none() {
+            state.fetch_src = self
+                .fetcher
+                .open_source(|| self.open_fetch_reader(&path, &state.record.identity));
+        }
+        // A reader of a partially cached file reads through the fetch descriptor: one open
+        // on the source, not two (each is a round trip on a network source).
+        let source = if writable || (!state.complete() && state.fetch_src.is_none()) {
+            let opened = self.source.open_file(&path, Self::source_flags(flags));
+            // A reader's bytes must all be of the version this open validated: a name that
+            // leads to another version by now (renamed over, rewritten since the stat)
+            // makes the kernel retry the open.
+            let opened = opened.and_then(|f| {
+                let raced = !writable
+                    && self.stale_check()
+                    && !self.source.is_object()
+                    && self.identity(&fstat(f.as_fd())?) != self.identity(&st);
+                if raced {
+                    return Err(io::Error::from_raw_os_error(libc::ESTALE));
+                }
+                Ok(f)
+            });
+            match opened {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    self.release_if_unused(&inode, &mut guard);
+                    return Err(errno(e));
+                }
+            }
+        } else {
+            None
+        };
+        // Small files are fetched whole on first open (xCachefs' threshold; `fs/fetch.rs`),
+        // so that this open can already be a passthrough one. While passthrough opens exist
+        // the kernel takes only another passthrough open: fetched under the mutex then.
+        let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
+        if readable
+            && state.files.is_some()
+            && !state.record.is_complete()
+            && state.record.identity.size <= self.cfg.whole_file_threshold
+        {
+            if state.passthrough_opens > 0 {
+                self.fetch_all(state);
+            } else if let Some(whole) = self.start_whole_fetch(&inode, state) {
+                // Fetched by the workers and by this open, without the state mutex: other
+                // openers join the same flights, readers of other handles proceed. The
+                // state stays loaded meanwhile (`opening`).
+                state.opening += 1;
+                drop(guard);
+                self.finish_whole_fetch(&inode, &whole);
+                guard = inode.file();
+                guard.as_mut().unwrap().opening -= 1;
+            }
+        }
+        if was_complete {
+            Stats::add(&self.stats.cache.open_hits, 1);
+        } else {
+            Stats::add(&self.stats.cache.open_misses, 1);
+        }
+
+        // A new version's notice may still be on its way to the kernel: until it has
+        // been delivered, the kernel's pages may be of the old version.
+        let keep_cache = keep_cache && inode.kernel_pages_current();
+        self.finish_open(&inode, guard, writable, source, keep_cache, make_backing)
+    }
+
+    /// Answers an open whose cache state is loaded: passthrough when the file is whole in
+    /// the cache and nobody has it open through the daemon, else served by the daemon.
+    fn finish_open(
+        &self,
+        inode: &Arc<Inode>,
+        mut guard: std::sync::MutexGuard<'_, Option<FileState>>,
+        writable: bool,
+        source: Option<File>,
+        keep_cache: bool,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        let id = inode.id;
+        let state = guard.as_mut().unwrap();
+        let mut backing = None;
+        if !writable && state.complete() && state.daemon_opens == 0 && self.passthrough_enabled() {
+            let existing = state.backing.upgrade();
+            let b = match existing {
+                Some(b) => Some(b),
+                None => match make_backing(&state.files.as_ref().unwrap().data) {
+                    Ok(b) => {
+                        let b = Arc::new(b);
+                        state.backing = Arc::downgrade(&b);
+                        Some(b)
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "passthrough unavailable ({e}); reads go through the daemon"
+                        );
+                        self.disable_passthrough();
+                        None
+                    }
+                },
+            };
+            backing = b;
+        }
+        let fopen = if backing.is_some() {
+            state.passthrough_opens += 1;
+            Stats::add(&self.stats.cache.passthrough_opens, 1);
+            FopenFlags::FOPEN_PASSTHROUGH
+        } else {
+            state.daemon_opens += 1;
+            state.writers += u32::from(writable);
+            if keep_cache {
+                FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            }
+        };
+        drop(guard);
+        let fh = self.new_fh();
+        self.handles.lock().unwrap().insert(
+            fh,
+            Arc::new(Handle {
+                inode: inode.clone(),
+                source,
+                writable,
+                passthrough: backing.clone(),
+                fetch: HandleFetch::default(),
+                writes: Writes::Through,
+            }),
+        );
+        self.grant_lease(id);
+        Ok(Opened {
+            fh,
+            flags: fopen,
+            backing,
+        })
+    }
+
+    /// Drops a state that no handle uses (after a failed open).
+    pub(super) fn release_if_unused(&self, inode: &Inode, guard: &mut Option<FileState>) {
+        self.unload_if_idle(inode, guard);
+    }
+}

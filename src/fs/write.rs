@@ -1,0 +1,288 @@
+//! Open regular files after the open: writes through to the source (and fallocate), flush,
+//! fsync and release, and lseek's holes.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use fuser::Errno;
+
+use super::{CachingFs, Result, Writes, entry, errno, set_id_bits};
+use crate::cache::record::chunk_count;
+use crate::stats::Stats;
+
+impl CachingFs {
+    /// Writes `data` through to the source at `offset`, then to the cache file. With
+    /// `kill_suidgid` (the writer lacks `CAP_FSETID`; the kernel leaves this to us under
+    /// `FUSE_HANDLE_KILLPRIV_V2`) a set-user-ID bit, and a set-group-ID bit with group
+    /// execute, are cleared as a local write would clear them: the daemon writes as root,
+    /// for whom the source's kernel keeps them.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], kill_suidgid: bool) -> Result<u32> {
+        let h = self.handle(fh)?;
+        if h.writes_to_cache() {
+            return self.offline_write(&h, offset, data);
+        }
+        self.changes_allowed()?;
+        let src = h
+            .source
+            .as_ref()
+            .filter(|_| h.writable)
+            .ok_or(Errno::EBADF)?;
+        let mut guard = h.inode.file();
+        let state = guard.as_mut().ok_or(Errno::EBADF)?;
+        // Fetches in flight read the source before this write: none may land after it.
+        state.fetch.invalidate();
+        state.mark_written(&self.env());
+        let owned = data.to_vec();
+        let written = self
+            .source
+            .with_fd(src.as_fd(), move |f| f.write_all_at(&owned, offset));
+        if let Err(e) = written {
+            // Part of the range may have reached the source: forget what we knew of it.
+            state.drop_cached();
+            return Err(errno(e));
+        }
+        Stats::add(&self.stats.cache.bytes_written, data.len() as u64);
+        let mut after = self.source.fstat(src.as_fd()).map_err(errno)?;
+        let privs = set_id_bits(after.mode);
+        if kill_suidgid && privs != 0 {
+            let mode = after.mode & 0o7777 & !privs;
+            self.source
+                .with_fd(src.as_fd(), move |f| {
+                    use std::os::unix::fs::PermissionsExt;
+                    f.set_permissions(std::fs::Permissions::from_mode(mode))
+                })
+                .map_err(errno)?;
+            after = self.source.fstat(src.as_fd()).map_err(errno)?;
+        }
+        let end = offset + data.len() as u64;
+        if state.files.is_some() {
+            let files = state.files.as_ref().unwrap();
+            let old_size = state.record.identity.size;
+            let expected = old_size.max(end);
+            // A full cache stops caching this file rather than grow past its limit.
+            let admitted = self.usage.may_grow(data.len() as u64);
+            let r = (|| -> io::Result<()> {
+                if !admitted {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                // Counted by what the data file grew on disk: an overwrite adds nothing.
+                entry::counted(&self.usage, &files.data, || {
+                    if end > old_size {
+                        files.data.set_len(end)?;
+                    }
+                    files.data.write_all_at(data, offset)
+                })
+            })();
+            if r.is_err() || after.size != expected {
+                // A cache error or a full cache, or someone else changed the source's size
+                // meanwhile: keep nothing of this file but an empty record.
+                if r.is_err() && admitted {
+                    Stats::add(&self.stats.cache.cache_errors, 1);
+                }
+                state.drop_cached();
+                if let Some(f) = state.files.as_ref() {
+                    let _ = f.data.set_len(0).and_then(|_| f.data.set_len(after.size));
+                }
+                state.record.resize(after.size);
+                for c in 0..state.record.nchunks() {
+                    state.record.set_present(c, false);
+                }
+            } else {
+                state.record.resize(end.max(old_size));
+                // Chunks wholly covered by the write now hold the source's bytes.
+                let cs = state.record.chunk_size;
+                let first_full = offset.div_ceil(cs);
+                let last_full = if end == after.size {
+                    chunk_count(end, cs)
+                } else {
+                    end / cs
+                };
+                for c in first_full..last_full {
+                    state.record.set_present(c, true);
+                }
+            }
+            state.noted();
+        }
+        state.record.identity = self.recorded_identity(&after);
+        Ok(data.len() as u32)
+    }
+
+    pub fn flush(&self, id: u64, fh: u64, lock_owner: u64) -> Result<()> {
+        // close() drops the caller's POSIX locks on this file, as on a local file system.
+        let lock = self.locks.lock().unwrap().remove(&(id, lock_owner));
+        drop(lock);
+        // Written offline: the content goes to the offline log on close (Coda's store).
+        if let Ok(h) = self.handle(fh)
+            && h.writes_to_cache()
+            && let Some(state) = h.inode.file().as_mut()
+        {
+            if h.writes == Writes::Uploaded {
+                return self.object_store(&h.inode, state);
+            }
+            return self.offline_store(&h.inode, state);
+        }
+        Ok(())
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        let h = self.handle(fh)?;
+        let mut guard = h.inode.file();
+        if let Some(src) = h.source.as_ref() {
+            self.source
+                .with_fd(src.as_fd(), move |f| {
+                    if datasync {
+                        f.sync_data()
+                    } else {
+                        f.sync_all()
+                    }
+                })
+                .map_err(errno)?;
+        }
+        if let Some(state) = guard.as_mut() {
+            if h.writes == Writes::Logged {
+                return self.offline_store(&h.inode, state);
+            }
+            if h.writes == Writes::Uploaded {
+                return self.object_store(&h.inode, state);
+            }
+            state.checkpoint(&self.env());
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) -> Result<()> {
+        let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
+            return Err(Errno::EBADF);
+        };
+        let mut guard = h.inode.file();
+        if h.writes == Writes::Logged {
+            if let Some(state) = guard.as_mut()
+                && let Err(e) = self.offline_store(&h.inode, state)
+            {
+                tracing::warn!("cannot log a file written offline at release: {e:?}");
+            }
+            self.offline_writers.fetch_sub(1, Ordering::Relaxed);
+        }
+        if h.writes == Writes::Uploaded
+            && let Some(state) = guard.as_mut()
+            && let Err(e) = self.object_store(&h.inode, state)
+        {
+            tracing::warn!("cannot upload a written file at release: {e:?}");
+        }
+        if let Some(state) = guard.as_mut() {
+            if h.passthrough.is_some() {
+                state.passthrough_opens -= 1;
+            } else {
+                state.daemon_opens -= 1;
+                if h.writable && !h.writes_to_cache() {
+                    state.writers -= 1;
+                }
+            }
+        }
+        // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
+        self.unload_if_idle(&h.inode, &mut guard);
+        drop(guard);
+        // The source descriptor is closed under the source guard, outside the file's lock
+        // (a request still in flight on the handle closes it when done instead).
+        if let Ok(h) = Arc::try_unwrap(h)
+            && let Some(source) = h.source
+        {
+            self.source.close(source);
+        }
+        Ok(())
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let h = self.handle(fh)?;
+        if h.writes_to_cache() {
+            return self.offline_fallocate(&h, offset, length, mode);
+        }
+        self.changes_allowed()?;
+        let src = h.source.as_ref().ok_or(Errno::EBADF)?;
+        let mut guard = h.inode.file();
+        if let Some(state) = guard.as_mut() {
+            state.fetch.invalidate();
+            state.mark_written(&self.env());
+        }
+        // Under the source guard: a hung source holds this file's lock no longer than the
+        // source timeout.
+        let res = self.source.with_fd(src.as_fd(), move |f| {
+            let r = unsafe {
+                libc::fallocate(
+                    std::os::fd::AsRawFd::as_raw_fd(f),
+                    mode,
+                    offset as i64,
+                    length as i64,
+                )
+            };
+            if r < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+        if let Some(state) = guard.as_mut() {
+            let after = self.source.fstat(src.as_fd());
+            let same_on_cache = res.is_ok()
+                && mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) == 0
+                && state.files.as_ref().is_some_and(|f| unsafe {
+                    libc::fallocate(
+                        std::os::fd::AsRawFd::as_raw_fd(&f.data),
+                        mode,
+                        offset as i64,
+                        length as i64,
+                    ) == 0
+                });
+            match after {
+                Ok(after) if same_on_cache => {
+                    state.record.resize(after.size);
+                    state.record.identity = self.recorded_identity(&after);
+                }
+                Ok(after) => {
+                    state.drop_cached();
+                    let _ = state.files.as_ref().map(|f| f.data.set_len(after.size));
+                    state.record.resize(after.size);
+                    for c in 0..state.record.nchunks() {
+                        state.record.set_present(c, false);
+                    }
+                    state.record.identity = self.recorded_identity(&after);
+                }
+                Err(_) => state.drop_cached(),
+            }
+            state.noted();
+        }
+        res.map_err(errno)
+    }
+
+    /// SEEK_DATA / SEEK_HOLE answered by the source, which knows its holes.
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        let h = self.handle(fh)?;
+        if self.source.is_object() {
+            // The kernel then seeks by itself (no holes to report): `fuse_lseek`.
+            return Err(Errno::ENOSYS);
+        }
+        let owned;
+        let src = match &h.source {
+            Some(s) => s,
+            None => {
+                owned = self
+                    .source
+                    .open_file(&h.inode.path().ok_or(Errno::ENOENT)?, libc::O_RDONLY)
+                    .map_err(errno)?;
+                &owned
+            }
+        };
+        self.source
+            .with_fd(src.as_fd(), move |f| {
+                let r = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(f), offset, whence) };
+                if r < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(r)
+            })
+            .map_err(errno)
+    }
+}
