@@ -175,8 +175,6 @@ impl CachingFs {
         Ok(attr_of(id, &after))
     }
 
-    /// A change made through the mount that moved ctime/mtime but not the data (chmod,
-    /// utimens, rename, link): the cached data stays valid, so its identity follows.
     /// The cache renamed the data files now at `paths` (a rename moves a file's ctime):
     /// their loaded states take the new identities as hoardfs's own (`FileFetch::own`).
     pub(super) fn cache_renamed(&self, paths: &[&Path]) {
@@ -197,6 +195,8 @@ impl CachingFs {
         }
     }
 
+    /// A change made through the mount that moved ctime/mtime but not the data (chmod,
+    /// utimens, rename, link): the cached data stays valid, so its identity follows.
     /// `mtime_set`: the change set the mtime itself (utimens). Anything else that moved the
     /// size or the mtime between `before` and `after` was a write meanwhile (by a handle
     /// of another node of the file), whose bytes the cache does not hold: then the record
