@@ -32,6 +32,34 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_hoardfs");
 /// How long a mount may take to say `READY=1`.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
+/// The threads of every other hoardfs process, and of any process with a thread in
+/// uninterruptible sleep (who may hold what the stuck daemon waits for).
+fn other_stacks(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Some(other) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if other == pid {
+            continue;
+        }
+        let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+        let stuck = std::fs::read_dir(p.path().join("task")).is_ok_and(|ts| {
+            ts.flatten().any(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                stat.rsplit(") ").next().is_some_and(|r| r.starts_with('D'))
+            })
+        });
+        if comm.trim() == "hoardfs" || stuck {
+            out += &format!("== process {other} ({})\n{}", comm.trim(), thread_stacks(other));
+        }
+    }
+    out
+}
+
 /// Each thread of process `pid`: its name, state, wait channel and kernel stack (root
 /// reads the stack), to tell where a daemon that does not start is stuck.
 fn thread_stacks(pid: u32) -> String {
@@ -388,8 +416,9 @@ impl TestMount {
                 let pid = self.child.as_ref().unwrap().id();
                 panic!(
                     "hoardfs did not say READY=1 within {READY_WITHIN:?}; where its threads \
-                     wait:\n{}",
-                    thread_stacks(pid)
+                     wait:\n{}\nother hoardfs processes and tasks in D state:\n{}",
+                    thread_stacks(pid),
+                    other_stacks(pid)
                 );
             }
         }
