@@ -256,6 +256,19 @@ pub fn serve(
 ) -> anyhow::Result<BoundSocket> {
     let dir = runtime_dir();
     prepare_runtime_dir(&dir)?;
+    // Daemons starting at once take turns here: one that found a socket not yet listening
+    // (bound, about to listen) would take it for a dead daemon's and remove it, and the
+    // other's chmod then failed (seen with tests starting mounts in parallel). Held until
+    // our socket listens with its mode set; a flock on the directory itself, released
+    // when `turn` is dropped.
+    let turn = rustix::fs::open(
+        &dir,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .with_context(|| format!("cannot open {}", dir.display()))?;
+    rustix::fs::flock(&turn, rustix::fs::FlockOperation::LockExclusive)
+        .with_context(|| format!("cannot lock {}", dir.display()))?;
     remove_dead_sockets(&dir);
     let path = dir.join(socket_name(mountpoint));
     // A socket another daemon answers on is its, not ours to replace; a silent one is a
@@ -281,6 +294,7 @@ pub fn serve(
     rustix::fs::chmod(&path, rustix::fs::Mode::from_raw_mode(mode))
         .with_context(|| format!("cannot chmod {}", path.display()))?;
     let st = rustix::fs::lstat(&path)?;
+    drop(turn);
     let bound = BoundSocket {
         path,
         inode: (st.st_dev, st.st_ino),

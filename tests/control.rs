@@ -313,3 +313,20 @@ fn sockets_of_dead_daemons_are_removed_by_the_next_daemon() {
     assert!(!sock.exists(), "{} is still there", sock.display());
     assert!(hoardfs::control::socket_path(&live.mnt).exists());
 }
+
+/// Daemons started at the same moment each get their control socket: one starting daemon
+/// must not take another's socket, bound a moment before it listens, for a dead daemon's
+/// and remove it (that daemon then failed with "cannot chmod …sock").
+#[test]
+fn daemons_started_at_once_all_get_their_sockets() {
+    for _round in 0..4 {
+        let mounts: Vec<TestMount> = std::thread::scope(|s| {
+            let started: Vec<_> = (0..6).map(|_| s.spawn(|| TestMount::new(&[]))).collect();
+            started.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for m in &mounts {
+            assert!(hoardfs::control::socket_path(&m.mnt).exists());
+            assert_eq!(m.stats().open_handles, 0);
+        }
+    }
+}

@@ -128,7 +128,7 @@ fn warnings_fail_a_test_only_when_asked_and_unexpected() {
     assert_eq!(code, Some(101), "{out}");
     assert!(out.contains("warning(s) or error(s)"), "{out}");
     assert!(
-        out.contains("WARN hoardfs::fs: discarding cache record"),
+        out.contains("WARN hoardfs::fs::state: discarding cache record"),
         "{out}"
     );
     assert!(out.contains("--- daemon log of "), "{out}");

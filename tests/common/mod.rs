@@ -54,7 +54,11 @@ fn other_stacks(pid: u32) -> String {
             })
         });
         if comm.trim() == "hoardfs" || stuck {
-            out += &format!("== process {other} ({})\n{}", comm.trim(), thread_stacks(other));
+            out += &format!(
+                "== process {other} ({})\n{}",
+                comm.trim(),
+                thread_stacks(other)
+            );
         }
     }
     out
