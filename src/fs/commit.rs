@@ -178,10 +178,7 @@ impl CachingFs {
                     state.commit_synced(&env, ticket);
                 }
             }
-            if state.daemon_opens + state.passthrough_opens + state.opening == 0
-                && !state.needs_checkpoint()
-                && !state.fetch.busy()
-            {
+            if state.is_closed() && !state.needs_checkpoint() && !state.fetch.busy() {
                 self.unload(&inode, &mut guard);
             }
         }

@@ -57,7 +57,7 @@ pub struct FileState {
     pub(super) opening: u32,
     pub(super) backing: Weak<BackingId>,
     /// Chunks fetched since the record was last made durable.
-    pub(super) unsynced: u32,
+    unsynced: u32,
     /// A write went to the source since the last checkpoint (the on-disk record is dirty).
     pub(super) written: bool,
     /// Fills or writes handed to the group commit (`fs/commit.rs`): the record on disk is
@@ -102,6 +102,17 @@ impl FileState {
             unlinked: None,
             confirmed: None,
         }
+    }
+
+    /// Nobody has the file open through the mount, nor waits to (the state may still be
+    /// loaded for fetches in flight or its group commit).
+    pub(super) fn is_closed(&self) -> bool {
+        self.daemon_opens + self.passthrough_opens + self.opening == 0
+    }
+
+    /// Chunks filled since the record last claimed what is on disk.
+    pub(super) fn unsynced_fills(&self) -> u32 {
+        self.unsynced
     }
 
     pub(super) fn complete(&self) -> bool {

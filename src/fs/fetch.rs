@@ -498,7 +498,7 @@ impl CachingFs {
             // durable at its last close (FUSE sends that release after close(2) has
             // returned), not on the open's path.
             let complete = state.record.is_complete();
-            if state.unsynced >= self.cfg.checkpoint_chunks {
+            if state.unsynced_fills() >= self.cfg.checkpoint_chunks {
                 state.checkpoint(&self.env());
             } else if complete && state.opening == 0 {
                 // A file fetched whole (a prefetch, or its last chunk read): the group
@@ -525,7 +525,7 @@ impl CachingFs {
         let Some(state) = guard.as_mut() else {
             return;
         };
-        if state.daemon_opens + state.passthrough_opens + state.opening > 0 {
+        if !state.is_closed() {
             return;
         }
         // Durable now, even if fetches still in flight keep the state loaded a little

@@ -320,9 +320,7 @@ impl CachingFs {
                 }
                 // Loaded but closed (waiting for its group commit, or for fetches): as at
                 // a load, the data file is first checked to be as hoardfs left it.
-                if state.daemon_opens + state.passthrough_opens + state.opening == 0
-                    && !state.data_is_ours()
-                {
+                if state.is_closed() && !state.data_is_ours() {
                     state.discard_foreign_data(&self.env());
                     inode.content_changed();
                     keep_cache = false;

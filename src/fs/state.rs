@@ -250,7 +250,7 @@ impl CachingFs {
         self.usage.add(len as u64);
         state.filled(c);
         Stats::add(&self.stats.cache.chunks_fetched, 1);
-        if state.unsynced >= self.cfg.checkpoint_chunks || state.record.is_complete() {
+        if state.unsynced_fills() >= self.cfg.checkpoint_chunks || state.record.is_complete() {
             state.checkpoint(&self.env());
         }
         Ok(())
