@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::CachingFs;
+use super::{CachingFs, FileState};
 use crate::coherence::Notice;
 use crate::stats::Stats;
 
@@ -131,9 +131,10 @@ impl CachingFs {
             })
             .collect();
         // The batch's data files, with no lock held: writeback of all of them started
-        // first, then each waited for. The first `fdatasync`'s journal commit carries
-        // the others' allocations, so the rest find theirs done (ext4, xfs): about one
-        // commit per batch rather than one per file, and only the cache's own files
+        // first, then each waited for. On a journalling file system (ext4, xfs) the first
+        // `fdatasync`'s journal commit carries the others' allocations, so the rest find
+        // theirs done: about one commit per batch rather than one per file (without a
+        // journal each is its own flush). Only the cache's own files
         // (a `syncfs` would also write out whatever else the file system holds dirty,
         // the source's files among them when they share a disk).
         for (_, waiting) in &tickets {
@@ -181,6 +182,19 @@ impl CachingFs {
             if state.is_closed() && !state.needs_checkpoint() && !state.fetch.busy() {
                 self.unload(&inode, &mut guard);
             }
+        }
+    }
+
+    /// The checkpoint of inode `id`'s state, by the group commit when it runs (synced with
+    /// others shortly; the state stays loaded until then), else now. Returns whether it was
+    /// handed to the group commit.
+    pub(super) fn checkpoint_soon(&self, id: u64, state: &mut FileState) -> bool {
+        if self.commits.queue(id) {
+            state.defer_checkpoint();
+            true
+        } else {
+            state.checkpoint(&self.env());
+            false
         }
     }
 

@@ -503,10 +503,10 @@ impl CachingFs {
             } else if complete && state.opening == 0 {
                 // A file fetched whole (a prefetch, or its last chunk read): the group
                 // commit makes it durable, unless written through the mount meanwhile.
-                if state.written || !self.commits.queue(ctx.inode.id) {
+                if state.written {
                     state.checkpoint(&self.env());
                 } else {
-                    state.defer_checkpoint();
+                    self.checkpoint_soon(ctx.inode.id, state);
                 }
             }
             if state.record.is_complete() {
@@ -533,12 +533,9 @@ impl CachingFs {
         state.record.last_used = now_millis();
         if !state.needs_checkpoint() {
             state.persist_record(&self.env(), false);
-        } else if self.commits.queue(inode.id) {
-            // Synced with others shortly; the state stays loaded until then.
-            state.defer_checkpoint();
+        } else if self.checkpoint_soon(inode.id, state) {
+            // The state stays loaded until its commit, which unloads it.
             return;
-        } else {
-            state.checkpoint(&self.env());
         }
         if !state.fetch.busy() {
             self.unload(inode, guard);
