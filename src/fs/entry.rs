@@ -253,18 +253,15 @@ impl FileState {
         self.record = CacheRecord::empty(self.record.identity, self.record.chunk_size);
         self.nothing_to_commit();
         if let Some(files) = &self.files {
-            // The data file's length is the file's again (one extended behind our back
-            // would serve its tail through passthrough once refetched).
+            // A data file of another length than the file's (extended or cut behind our
+            // back) would serve the difference through passthrough once refetched, and
+            // is never resized in place (crash rule 3: others may read it): this state
+            // stops using it, and the next load replaces it (its length is checked).
             let size = self.record.identity.size;
-            let r = write_record(files, &self.record, true).and_then(|_| {
-                counted(env.usage, &files.data, || {
-                    if files.data.metadata()?.len() != size {
-                        files.data.set_len(size)?;
-                    }
-                    Ok(())
-                })
-            });
+            let r = write_record(files, &self.record, true);
+            let wrong_length = files.data.metadata().map_or(true, |m| m.len() != size);
             match r {
+                Ok(()) if wrong_length => self.files = None,
                 // The empty record vouches for nothing; from here the file is hoardfs's.
                 Ok(()) => self.fetch.set_own(
                     fstat(files.data.as_fd())
@@ -617,11 +614,15 @@ mod tests {
         files.data.write_all_at(b"MORE", 2 * CHUNK).unwrap();
         sync(&s);
         assert!(!s.data_is_ours());
+        let meta = s.files.as_ref().unwrap().meta.try_clone().unwrap();
         // As the group commit does (`commit_batch`): discarded, never claimed.
         s.discard_foreign_data(&env);
         assert!(!s.commit_synced(&env, ticket));
-        assert_eq!(on_disk(&s), (false, 0));
-        let len = s.files.as_ref().unwrap().data.metadata().unwrap().len();
-        assert_eq!(len, 2 * CHUNK, "the data file has the file's length again");
+        let rec = read_record_unchecked(&meta).unwrap().unwrap().unwrap();
+        assert_eq!((rec.dirty, rec.present_count()), (false, 0));
+        assert!(
+            s.files.is_none(),
+            "a data file of the wrong length is not used again (never resized in place)"
+        );
     }
 }
