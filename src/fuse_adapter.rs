@@ -15,7 +15,7 @@ use fuser::{
 
 use crate::fs::CachingFs;
 use crate::source::{SetAttr, TimeSpec};
-use crate::stats::Op;
+use crate::stats::{Op, OpTimer, Stats, errno_name};
 
 pub struct FuseAdapter {
     pub fs: Arc<CachingFs>,
@@ -41,15 +41,73 @@ fn time_spec(t: TimeOrNow) -> TimeSpec {
     }
 }
 
+/// One request being answered: counted and timed (`OpTimer`), inside a tracing span that
+/// names it, so that whatever the core logs meanwhile says which request it served.
+struct Call<'a> {
+    timer: OpTimer<'a>,
+    _span: tracing::span::EnteredSpan,
+}
+
+impl Call<'_> {
+    /// `e`, counted (`errors{op,errno}`) and logged at its errno's level.
+    fn fail(&self, e: Errno) -> Errno {
+        self.timer.failed(e.code());
+        log_failure(self.timer.op(), e);
+        e
+    }
+}
+
+/// Logs a failed request at the level its errno deserves: the answers a file system
+/// gives in its normal course (no such name, not empty, would block...) at trace; a
+/// source that cannot be reached at debug (the health module logs the switch to offline
+/// once); anything else, an I/O error above all, as a warning.
+fn log_failure(op: Op, e: Errno) {
+    use libc::*;
+    let errno = e.code();
+    match errno {
+        ENOENT | EEXIST | ENOTEMPTY | ENOTDIR | EISDIR | ENODATA | ERANGE | EAGAIN | ENOSYS
+        | EOPNOTSUPP | ESTALE | EACCES | EPERM | EINVAL | EXDEV | ENAMETOOLONG | ELOOP
+        | ETXTBSY | EINTR | EDEADLK | EBUSY | EMLINK | EFBIG | ENOSPC | EROFS | EDQUOT | EBADF => {
+            tracing::trace!(op = op.name(), errno = errno_name(errno), "request failed")
+        }
+        ENOTCONN | ETIMEDOUT | EHOSTDOWN | EHOSTUNREACH => {
+            tracing::debug!(op = op.name(), errno = errno_name(errno), "request failed")
+        }
+        _ => tracing::warn!(op = op.name(), errno = errno_name(errno), "request failed"),
+    }
+}
+
+/// Counts and logs a failure of an `op` request answered off its handler's thread.
+fn failed_elsewhere(stats: &Stats, op: Op, e: Errno) -> Errno {
+    stats.failed(op, e.code());
+    log_failure(op, e);
+    e
+}
+
 impl FuseAdapter {
+    /// Starts answering request `req` of type `op`.
+    fn call(&self, op: Op, req: &Request) -> Call<'_> {
+        Call {
+            timer: self.fs.stats.start(op),
+            _span: tracing::debug_span!("request", op = op.name(), unique = req.unique().0)
+                .entered(),
+        }
+    }
+
     /// Replies with a new entry in directory `parent`, with that directory's TTLs.
-    fn entry(&self, reply: ReplyEntry, parent: INodeNo, r: crate::fs::Result<fuser::FileAttr>) {
+    fn entry(
+        &self,
+        call: &Call,
+        reply: ReplyEntry,
+        parent: INodeNo,
+        r: crate::fs::Result<fuser::FileAttr>,
+    ) {
         match r {
             Ok(attr) => {
                 let (entry_ttl, attr_ttl) = self.fs.entry_ttls(parent.0);
                 reply.entry_with_ttls(&attr_ttl, &entry_ttl, &attr, GEN)
             }
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
@@ -58,6 +116,7 @@ impl FuseAdapter {
     /// node id 0 from mkdir, mknod, symlink or link.
     fn lookup_entry(
         &self,
+        call: &Call,
         reply: ReplyEntry,
         parent: INodeNo,
         r: crate::fs::Result<fuser::FileAttr>,
@@ -69,23 +128,23 @@ impl FuseAdapter {
                 let attr = crate::fs::attr_of(0, &zero);
                 reply.entry_with_ttls(&Duration::ZERO, &negative_ttl, &attr, GEN)
             }
-            r => self.entry(reply, parent, r),
+            r => self.entry(call, reply, parent, r),
         }
     }
 
-    fn empty(reply: ReplyEmpty, r: crate::fs::Result<()>) {
+    fn empty(call: &Call, reply: ReplyEmpty, r: crate::fs::Result<()>) {
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
-    fn xattr(reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {
+    fn xattr(call: &Call, reply: ReplyXattr, size: u32, r: crate::fs::Result<Vec<u8>>) {
         match r {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
-            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(v) if v.len() > size as usize => reply.error(call.fail(Errno::ERANGE)),
             Ok(v) => reply.data(&v),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 }
@@ -132,21 +191,21 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _timer = self.fs.stats.start(Op::Lookup);
-        self.lookup_entry(reply, parent, self.fs.lookup(parent.0, name));
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let call = self.call(Op::Lookup, req);
+        self.lookup_entry(&call, reply, parent, self.fs.lookup(parent.0, name));
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let _timer = self.fs.stats.start(Op::Forget);
+    fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
+        let _call = self.call(Op::Forget, req);
         self.fs.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _timer = self.fs.stats.start(Op::Getattr);
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let call = self.call(Op::Getattr, req);
         match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
             Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
@@ -168,7 +227,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let _timer = self.fs.stats.start(Op::Setattr);
+        let call = self.call(Op::Setattr, req);
         // A truncation by a caller without CAP_FSETID clears set-ID bits
         // (`FUSE_HANDLE_KILLPRIV_V2`; fuser does not pass the kernel's
         // `FATTR_KILL_SUIDGID`, so "not root" stands for it).
@@ -192,15 +251,15 @@ impl Filesystem for FuseAdapter {
         };
         match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
             Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let _timer = self.fs.stats.start(Op::Readlink);
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let call = self.call(Op::Readlink, req);
         match self.fs.readlink(ino.0) {
             Ok(v) => reply.data(&v),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
@@ -214,8 +273,9 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let _timer = self.fs.stats.start(Op::Mknod);
+        let call = self.call(Op::Mknod, req);
         self.entry(
+            &call,
             reply,
             parent,
             self.fs
@@ -232,22 +292,23 @@ impl Filesystem for FuseAdapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let _timer = self.fs.stats.start(Op::Mkdir);
+        let call = self.call(Op::Mkdir, req);
         self.entry(
+            &call,
             reply,
             parent,
             self.fs.mkdir(parent.0, name, mode, req.uid(), req.gid()),
         );
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.fs.stats.start(Op::Unlink);
-        Self::empty(reply, self.fs.unlink(parent.0, name));
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let call = self.call(Op::Unlink, req);
+        Self::empty(&call, reply, self.fs.unlink(parent.0, name));
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.fs.stats.start(Op::Rmdir);
-        Self::empty(reply, self.fs.rmdir(parent.0, name));
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let call = self.call(Op::Rmdir, req);
+        Self::empty(&call, reply, self.fs.rmdir(parent.0, name));
     }
 
     fn symlink(
@@ -258,8 +319,9 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let _timer = self.fs.stats.start(Op::Symlink);
+        let call = self.call(Op::Symlink, req);
         self.entry(
+            &call,
             reply,
             parent,
             self.fs
@@ -269,7 +331,7 @@ impl Filesystem for FuseAdapter {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -277,8 +339,9 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Rename);
+        let call = self.call(Op::Rename, req);
         Self::empty(
+            &call,
             reply,
             self.fs
                 .rename(parent.0, name, newparent.0, newname, flags.bits()),
@@ -287,18 +350,23 @@ impl Filesystem for FuseAdapter {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let _timer = self.fs.stats.start(Op::Link);
-        self.entry(reply, newparent, self.fs.link(ino.0, newparent.0, newname));
+        let call = self.call(Op::Link, req);
+        self.entry(
+            &call,
+            reply,
+            newparent,
+            self.fs.link(ino.0, newparent.0, newname),
+        );
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _timer = self.fs.stats.start(Op::Open);
+        let call = self.call(Op::Open, req);
         let r = self
             .fs
             .open(ino.0, flags.0, req.pid(), &|f| reply.open_backing(f));
@@ -307,13 +375,13 @@ impl Filesystem for FuseAdapter {
                 Some(b) => reply.opened_passthrough(FileHandle(o.fh), o.flags, b),
                 None => reply.opened(FileHandle(o.fh), o.flags),
             },
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -322,16 +390,16 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _timer = self.fs.stats.start(Op::Read);
+        let call = self.call(Op::Read, req);
         match self.fs.read(fh.0, offset, size) {
             Ok(v) => reply.data(&v),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -341,29 +409,29 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let _timer = self.fs.stats.start(Op::Write);
+        let call = self.call(Op::Write, req);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.fs.write(fh.0, offset, data, kill) {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Flush);
-        Self::empty(reply, self.fs.flush(ino.0, fh.0, lock_owner.0));
+        let call = self.call(Op::Flush, req);
+        Self::empty(&call, reply, self.fs.flush(ino.0, fh.0, lock_owner.0));
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -371,42 +439,42 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Release);
+        let call = self.call(Op::Release, req);
         if let Some(owner) = lock_owner {
             let _ = self.fs.flush(ino.0, fh.0, owner.0);
         }
-        Self::empty(reply, self.fs.release(fh.0));
+        Self::empty(&call, reply, self.fs.release(fh.0));
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Fsync);
-        Self::empty(reply, self.fs.fsync(fh.0, datasync));
+        let call = self.call(Op::Fsync, req);
+        Self::empty(&call, reply, self.fs.fsync(fh.0, datasync));
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _timer = self.fs.stats.start(Op::Opendir);
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let call = self.call(Op::Opendir, req);
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), self.fs.dir_open_flags(ino.0)),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _timer = self.fs.stats.start(Op::Readdir);
+        let call = self.call(Op::Readdir, req);
         match self.fs.dir_entries(fh.0, offset) {
             Ok(list) => {
                 for (i, e) in list.entries.iter().enumerate().skip(offset as usize) {
@@ -416,22 +484,22 @@ impl Filesystem for FuseAdapter {
                 }
                 reply.ok()
             }
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let _timer = self.fs.stats.start(Op::Readdirplus);
+        let call = self.call(Op::Readdirplus, req);
         let list = match self.fs.dir_entries(fh.0, offset) {
             Ok(list) => list,
-            Err(e) => return reply.error(e),
+            Err(e) => return reply.error(call.fail(e)),
         };
         let (ttl, _) = self.fs.entry_ttls(list.dir_id);
         let mut i = offset as usize;
@@ -459,33 +527,33 @@ impl Filesystem for FuseAdapter {
 
     fn releasedir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Releasedir);
+        let _call = self.call(Op::Releasedir, req);
         self.fs.releasedir(fh.0);
         reply.ok();
     }
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Fsyncdir);
+        let _call = self.call(Op::Fsyncdir, req);
         // Namespace changes were made on the source by the calls themselves; a directory
         // fsync there needs a descriptor of the directory.
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let _timer = self.fs.stats.start(Op::Statfs);
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let call = self.call(Op::Statfs, req);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -497,13 +565,13 @@ impl Filesystem for FuseAdapter {
                 s.f_namemax as u32,
                 s.f_frsize as u32,
             ),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -511,28 +579,28 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Setxattr);
-        Self::empty(reply, self.fs.setxattr(ino.0, name, value, flags));
+        let call = self.call(Op::Setxattr, req);
+        Self::empty(&call, reply, self.fs.setxattr(ino.0, name, value, flags));
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _timer = self.fs.stats.start(Op::Getxattr);
-        Self::xattr(reply, size, self.fs.getxattr(ino.0, name, size));
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let call = self.call(Op::Getxattr, req);
+        Self::xattr(&call, reply, size, self.fs.getxattr(ino.0, name, size));
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let _timer = self.fs.stats.start(Op::Listxattr);
-        Self::xattr(reply, size, self.fs.listxattr(ino.0, size));
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let call = self.call(Op::Listxattr, req);
+        Self::xattr(&call, reply, size, self.fs.listxattr(ino.0, size));
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.fs.stats.start(Op::Removexattr);
-        Self::empty(reply, self.fs.removexattr(ino.0, name));
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let call = self.call(Op::Removexattr, req);
+        Self::empty(&call, reply, self.fs.removexattr(ino.0, name));
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // Only reached without default_permissions, which hoardfs always sets.
-        let _timer = self.fs.stats.start(Op::Access);
+        let _call = self.call(Op::Access, req);
         reply.ok();
     }
 
@@ -546,7 +614,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let _timer = self.fs.stats.start(Op::Create);
+        let call = self.call(Op::Create, req);
         match self
             .fs
             .create(parent.0, name, mode, flags, req.uid(), req.gid())
@@ -558,13 +626,13 @@ impl Filesystem for FuseAdapter {
                 FileHandle(o.fh),
                 o.flags,
             ),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn getlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
@@ -574,16 +642,16 @@ impl Filesystem for FuseAdapter {
         pid: u32,
         reply: ReplyLock,
     ) {
-        let _timer = self.fs.stats.start(Op::Getlk);
+        let call = self.call(Op::Getlk, req);
         match self.fs.getlk(ino.0, fh.0, lock_owner.0, start, end, typ) {
             Ok((s, e, t)) => reply.locked(s, e, t, if t == libc::F_UNLCK { 0 } else { pid }),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
@@ -594,18 +662,19 @@ impl Filesystem for FuseAdapter {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Setlk);
+        let call = self.call(Op::Setlk, req);
         if sleep {
             // A blocking lock may wait for a long time: never on a request thread.
             let fs = self.fs.clone();
             std::thread::spawn(move || {
-                Self::empty(
-                    reply,
-                    fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, true),
-                )
+                match fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, true) {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(failed_elsewhere(&fs.stats, Op::Setlk, e)),
+                }
             });
         } else {
             Self::empty(
+                &call,
                 reply,
                 self.fs
                     .setlk(ino.0, fh.0, lock_owner.0, start, end, typ, false),
@@ -615,7 +684,7 @@ impl Filesystem for FuseAdapter {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -623,23 +692,23 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let _timer = self.fs.stats.start(Op::Fallocate);
-        Self::empty(reply, self.fs.fallocate(fh.0, offset, length, mode));
+        let call = self.call(Op::Fallocate, req);
+        Self::empty(&call, reply, self.fs.fallocate(fh.0, offset, length, mode));
     }
 
     fn lseek(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let _timer = self.fs.stats.start(Op::Lseek);
+        let call = self.call(Op::Lseek, req);
         match self.fs.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(call.fail(e)),
         }
     }
 }

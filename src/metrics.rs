@@ -25,7 +25,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::stats::{CacheSnapshot, LATENCY_BUCKETS, Op, Snapshot, Stats};
+use crate::stats::{CacheSnapshot, LATENCY_BUCKETS, Op, Snapshot, Stats, errno_name};
 
 /// What the endpoint reads on each scrape.
 pub trait Source: Send + Sync + 'static {
@@ -203,6 +203,18 @@ fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Res
     )?;
     for op in Op::ALL {
         ConstCounter::new(stats.op_count(*op)).encode(m.encode_family(&[("op", op.name())])?)?;
+    }
+
+    let (base, unit) = descriptor("hoardfs_errors_total", Counter);
+    let mut m = e.encode_descriptor(
+        base,
+        "FUSE requests answered with an error, by operation and errno.",
+        unit.as_ref(),
+        Counter,
+    )?;
+    for (op, errno, n) in stats.errors() {
+        let errno = errno_name(errno);
+        ConstCounter::new(n).encode(m.encode_family(&[("op", op.name()), ("errno", &errno)])?)?;
     }
 
     let (base, unit) = descriptor("hoardfs_request_duration_seconds", Histogram);
@@ -505,7 +517,7 @@ mod tests {
     fn sample() -> Arc<Fixed> {
         let stats = Stats::default();
         drop(stats.start(Op::Read));
-        drop(stats.start(Op::Read));
+        stats.start(Op::Read).failed(libc::EIO);
         let mut snap = Snapshot {
             mountpoint: "/mnt/a \"b\"".into(),
             ..Default::default()
@@ -527,6 +539,8 @@ mod tests {
             text.contains("hoardfs_request_duration_seconds_bucket{op=\"read\",le=\"+Inf\"} 2\n")
         );
         assert!(text.contains("hoardfs_bytes_from_source_total 42\n"));
+        assert!(text.contains("hoardfs_errors_total{op=\"read\",errno=\"EIO\"} 1\n"));
+        assert!(!text.contains("hoardfs_errors_total{op=\"lookup\""));
         assert!(text.contains("mountpoint=\"/mnt/a \\\"b\\\"\""));
         assert!(text.contains("# TYPE hoardfs_info gauge\n"));
         assert!(text.contains("# TYPE hoardfs_cache_bytes gauge\n"));

@@ -94,7 +94,13 @@ pub struct Stats {
     pub cache: CacheCounters,
     /// Time the daemon spent on each request type (`start`), for the metrics endpoint.
     pub latency: Vec<Histogram>,
+    /// Failed requests by type and errno: `ERRNOS` slots per request type, the errno's
+    /// number the slot (slot 0 takes numbers out of range).
+    errors: Vec<AtomicU64>,
 }
+
+/// Errno slots per request type: Linux's errnos are 1..=133.
+const ERRNOS: usize = 134;
 
 impl Default for Stats {
     fn default() -> Self {
@@ -102,8 +108,66 @@ impl Default for Stats {
             ops: Op::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
             cache: CacheCounters::default(),
             latency: Op::ALL.iter().map(|_| Histogram::default()).collect(),
+            errors: (0..Op::ALL.len() * ERRNOS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
+}
+
+/// The symbolic name of an errno (`ENOENT`), or `E<number>` for one not in this table,
+/// which holds what file system requests answer; `other` for 0, the slot of the errnos
+/// out of range in the error counts.
+pub fn errno_name(errno: i32) -> String {
+    use libc::*;
+    let name = match errno {
+        0 => "other",
+        EPERM => "EPERM",
+        ENOENT => "ENOENT",
+        EINTR => "EINTR",
+        EIO => "EIO",
+        ENXIO => "ENXIO",
+        E2BIG => "E2BIG",
+        EBADF => "EBADF",
+        EAGAIN => "EAGAIN",
+        ENOMEM => "ENOMEM",
+        EACCES => "EACCES",
+        EFAULT => "EFAULT",
+        EBUSY => "EBUSY",
+        EEXIST => "EEXIST",
+        EXDEV => "EXDEV",
+        ENODEV => "ENODEV",
+        ENOTDIR => "ENOTDIR",
+        EISDIR => "EISDIR",
+        EINVAL => "EINVAL",
+        ENFILE => "ENFILE",
+        EMFILE => "EMFILE",
+        ETXTBSY => "ETXTBSY",
+        EFBIG => "EFBIG",
+        ENOSPC => "ENOSPC",
+        ESPIPE => "ESPIPE",
+        EROFS => "EROFS",
+        EMLINK => "EMLINK",
+        ERANGE => "ERANGE",
+        EDEADLK => "EDEADLK",
+        ENAMETOOLONG => "ENAMETOOLONG",
+        ENOLCK => "ENOLCK",
+        ENOSYS => "ENOSYS",
+        ENOTEMPTY => "ENOTEMPTY",
+        ELOOP => "ELOOP",
+        ENODATA => "ENODATA",
+        EOVERFLOW => "EOVERFLOW",
+        EOPNOTSUPP => "EOPNOTSUPP",
+        ENOTCONN => "ENOTCONN",
+        ETIMEDOUT => "ETIMEDOUT",
+        EHOSTDOWN => "EHOSTDOWN",
+        EHOSTUNREACH => "EHOSTUNREACH",
+        ESTALE => "ESTALE",
+        EDQUOT => "EDQUOT",
+        ECANCELED => "ECANCELED",
+        _ => return format!("E{errno}"),
+    };
+    name.to_string()
 }
 
 /// Upper bounds of the latency buckets: 2^k microseconds, 1 µs to 2^24 µs (16.8 s); one
@@ -149,6 +213,17 @@ pub struct OpTimer<'a> {
     started: std::time::Instant,
 }
 
+impl OpTimer<'_> {
+    /// Counts the request as failed with `errno`.
+    pub fn failed(&self, errno: i32) {
+        self.stats.failed(self.op, errno);
+    }
+
+    pub fn op(&self) -> Op {
+        self.op
+    }
+}
+
 impl Drop for OpTimer<'_> {
     fn drop(&mut self) {
         self.stats.latency[self.op as usize].record(self.started.elapsed());
@@ -162,6 +237,9 @@ pub struct Snapshot {
     pub source: String,
     pub cache_dir: String,
     pub requests: BTreeMap<String, u64>,
+    /// Failed requests by type, then by errno name (`ENOENT`).
+    #[serde(default)]
+    pub errors: BTreeMap<String, BTreeMap<String, u64>>,
     pub cache: CacheSnapshot,
     pub inodes: u64,
     pub open_handles: u64,
@@ -238,6 +316,40 @@ impl Stats {
             .collect()
     }
 
+    /// Counts a request of type `op` as failed with `errno`.
+    pub fn failed(&self, op: Op, errno: i32) {
+        let slot = usize::try_from(errno)
+            .ok()
+            .filter(|&e| e < ERRNOS)
+            .unwrap_or(0);
+        self.errors[op as usize * ERRNOS + slot].fetch_add(1, Relaxed);
+    }
+
+    /// Failed requests: (request type, errno) → count, for those that failed at all.
+    pub fn errors(&self) -> Vec<(Op, i32, u64)> {
+        let mut out = Vec::new();
+        for op in Op::ALL {
+            for errno in 0..ERRNOS {
+                let n = self.errors[*op as usize * ERRNOS + errno].load(Relaxed);
+                if n > 0 {
+                    out.push((*op, errno as i32, n));
+                }
+            }
+        }
+        out
+    }
+
+    /// `errors` by request type and errno name, as `hoardfs stats` shows them.
+    pub fn error_table(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for (op, errno, n) in self.errors() {
+            out.entry(op.name().to_string())
+                .or_default()
+                .insert(errno_name(errno), n);
+        }
+        out
+    }
+
     pub fn cache_snapshot(&self) -> CacheSnapshot {
         self.cache.snapshot()
     }
@@ -298,6 +410,14 @@ impl Snapshot {
         let _ = writeln!(s, "\nrequests that reached the daemon:");
         for (name, n) in self.requests.iter().filter(|(_, n)| **n > 0) {
             let _ = writeln!(s, "  {name:<14} {n:>12}");
+        }
+        if !self.errors.is_empty() {
+            let _ = writeln!(s, "\nrequests that failed, by errno:");
+            for (op, by_errno) in &self.errors {
+                for (errno, n) in by_errno {
+                    let _ = writeln!(s, "  {op:<14} {errno:<14} {n:>12}");
+                }
+            }
         }
         let _ = writeln!(s, "\ncache:");
         for (name, n) in self.cache.rows() {
@@ -401,5 +521,22 @@ mod tests {
         assert_eq!(s.op_count(Op::Read), 1);
         let (b, _) = s.latency[Op::Read as usize].snapshot();
         assert_eq!(b.iter().sum::<u64>(), 1);
+    }
+
+    #[test]
+    fn failed_requests_are_counted_by_type_and_errno() {
+        let s = Stats::default();
+        for errno in [libc::ENOENT, libc::ENOENT, libc::EIO, 9999] {
+            s.start(Op::Lookup).failed(errno);
+        }
+        s.start(Op::Read).failed(libc::ESTALE);
+        let t = s.error_table();
+        assert_eq!(t["lookup"]["ENOENT"], 2);
+        assert_eq!(t["lookup"]["EIO"], 1);
+        assert_eq!(t["lookup"]["other"], 1, "out of the table's range");
+        assert_eq!(t["read"]["ESTALE"], 1);
+        assert_eq!(t.len(), 2);
+        assert_eq!(errno_name(libc::ENOTEMPTY), "ENOTEMPTY");
+        assert_eq!(errno_name(200), "E200");
     }
 }

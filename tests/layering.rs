@@ -13,8 +13,9 @@ const MAX_LINES: usize = 800;
 /// The layers from docs/ARCHITECTURE.md, bottom first: lines `N. `a` `b` — description`
 /// in the "### Layers" section; a layer's modules are the backticked names before the dash.
 fn documented_layers() -> BTreeMap<String, usize> {
-    let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md"))
-        .expect("docs/ARCHITECTURE.md");
+    let doc =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md"))
+            .expect("docs/ARCHITECTURE.md");
     let section = doc
         .split("### Layers")
         .nth(1)
@@ -148,7 +149,10 @@ fn every_import_goes_down_the_documented_layers() {
             if target == module {
                 continue;
             }
-            edges.entry(module.clone()).or_default().insert(target.clone());
+            edges
+                .entry(module.clone())
+                .or_default()
+                .insert(target.clone());
             match layers.get(&target) {
                 None => problems.push(format!(
                     "src/{} uses `crate::{target}`, which is on no documented layer",

@@ -928,3 +928,32 @@ fn a_failed_start_leaves_nothing_mounted() {
     assert!(err.contains("cannot bind"), "{err}");
     assert!(!common::is_mounted(&mnt), "a dead mount was left behind");
 }
+
+/// Requests answered with an error are counted by type and errno, in `hoardfs stats` (its
+/// table too) and in the snapshot the metrics endpoint encodes.
+#[test]
+fn failed_requests_are_counted_by_type_and_errno() {
+    let t = TestMount::new(&[]);
+    fs::create_dir(t.s("d")).unwrap();
+    fs::write(t.s("d/f"), b"x").unwrap();
+    for _ in 0..2 {
+        let e = fs::remove_dir(t.m("d")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    }
+    let path = CString::new(t.m("d/f").as_os_str().as_encoded_bytes()).unwrap();
+    let name = CString::new("user.absent").unwrap();
+    let r = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(r, -1);
+    let s = t.stats();
+    assert_eq!(s.errors["rmdir"]["ENOTEMPTY"], 2, "{:?}", s.errors);
+    assert_eq!(s.errors["getxattr"]["ENODATA"], 1, "{:?}", s.errors);
+    assert!(!s.errors.contains_key("read"), "{:?}", s.errors);
+    let out = Command::new(BIN).arg("stats").arg(&t.mnt).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["rmdir", "ENOTEMPTY", "2"]),
+        "{table}"
+    );
+}

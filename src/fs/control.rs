@@ -107,6 +107,7 @@ impl CachingFs {
             source: self.cfg.source.display().to_string(),
             cache_dir: self.cfg.cache_dir.display().to_string(),
             requests: self.stats.requests(),
+            errors: self.stats.error_table(),
             cache: self.stats.cache_snapshot(),
             inodes: self.inodes.len() as u64,
             inode_table: self.inodes.snapshot(),
