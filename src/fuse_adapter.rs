@@ -228,19 +228,6 @@ impl Filesystem for FuseAdapter {
         reply: ReplyAttr,
     ) {
         let call = self.call(Op::Setattr, req);
-        // A truncation by a caller without CAP_FSETID clears set-ID bits
-        // (`FUSE_HANDLE_KILLPRIV_V2`; fuser does not pass the kernel's
-        // `FATTR_KILL_SUIDGID`, so "not root" stands for it).
-        let mode = match (mode, size) {
-            (None, Some(_)) if req.uid() != 0 && !self.fs.source_is_object() => self
-                .fs
-                .getattr(ino.0, fh.map(|f| f.0))
-                .ok()
-                .map(|a| u32::from(a.perm))
-                .filter(|m| crate::fs::set_id_bits(*m) != 0)
-                .map(|m| m & !crate::fs::set_id_bits(m)),
-            _ => mode,
-        };
         let set = SetAttr {
             mode,
             uid,
@@ -249,7 +236,11 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(time_spec),
             mtime: mtime.map(time_spec),
         };
-        match self.fs.setattr(ino.0, fh.map(|f| f.0), set) {
+        // A truncation by a caller without CAP_FSETID clears set-ID bits
+        // (`FUSE_HANDLE_KILLPRIV_V2`; fuser does not pass the kernel's
+        // `FATTR_KILL_SUIDGID`, so "not root" stands for it).
+        let kill_suidgid = req.uid() != 0;
+        match self.fs.setattr(ino.0, fh.map(|f| f.0), set, kill_suidgid) {
             Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
             Err(e) => reply.error(call.fail(e)),
         }

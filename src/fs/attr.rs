@@ -133,9 +133,22 @@ impl CachingFs {
         crate::source::dup_file(fd).ok().map(OwnedFd::from)
     }
 
-    pub fn setattr(&self, id: u64, fh: Option<u64>, attr: SetAttr) -> Result<FileAttr> {
+    /// `kill_suidgid`: a truncation by this caller clears the file's set-ID bits (it lacks
+    /// CAP_FSETID; `FUSE_HANDLE_KILLPRIV_V2` leaves that to us). Object stores keep none.
+    pub fn setattr(
+        &self,
+        id: u64,
+        fh: Option<u64>,
+        mut attr: SetAttr,
+        kill_suidgid: bool,
+    ) -> Result<FileAttr> {
         let inode = self.inode(id)?;
+        let kill =
+            kill_suidgid && attr.size.is_some() && attr.mode.is_none() && !self.source_is_object();
         if self.offline_change()? {
+            if kill {
+                attr.mode = cleared_set_id(u32::from(self.getattr(id, fh)?.perm));
+            }
             return self.offline_setattr(&inode, &attr);
         }
         if self.source.is_object() {
@@ -153,6 +166,9 @@ impl CachingFs {
         let before = stat_now().map_err(errno)?;
         if let Some(p) = &path {
             self.listing_changed(p.parent().unwrap_or(Path::new("")));
+        }
+        if kill {
+            attr.mode = cleared_set_id(before.mode & 0o7777);
         }
         if let Some(size) = attr.size {
             if !before.is_file() {
@@ -342,4 +358,10 @@ impl CachingFs {
         }
         Ok(())
     }
+}
+
+/// The permission bits `mode` with its set-ID bits cleared, if it has any to clear.
+fn cleared_set_id(mode: u32) -> Option<u32> {
+    let bits = super::set_id_bits(mode);
+    (bits != 0).then_some(mode & !bits)
 }
