@@ -19,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::entry::Stamped;
 use super::{CachingFs, FileState};
 use crate::coherence::Notice;
 use crate::stats::Stats;
@@ -167,17 +168,14 @@ impl CachingFs {
             let Some(state) = guard.as_mut() else {
                 continue;
             };
-            if let Some(ticket) = ticket {
-                if !state.data_is_ours() {
-                    // Edited in the cache directory since the close: nothing of it is
-                    // claimed, and the kernel's pages go too, so that the next open
-                    // refetches (as a load would have found it).
-                    state.discard_foreign_data(&env);
-                    inode.content_changed();
-                    self.coherence.notify(Notice::Inode(inode.id));
-                } else {
-                    state.commit_synced(&env, ticket);
-                }
+            if let Some(ticket) = ticket
+                && state.commit_synced(&env, ticket) == Stamped::Discarded
+            {
+                // Edited in the cache directory since the close: nothing of it is
+                // claimed, and the kernel's pages go too, so that the next open
+                // refetches (as a load would have found it).
+                inode.content_changed();
+                self.coherence.notify(Notice::Inode(inode.id));
             }
             if state.is_closed() && !state.needs_checkpoint() && !state.fetch.busy() {
                 self.unload(&inode, &mut guard);

@@ -29,6 +29,19 @@ pub(super) struct Env<'a> {
     pub chunk_size: u64,
 }
 
+/// What a checkpoint or a group commit of a record came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stamped {
+    /// The record was written clean: it claims what is on disk.
+    Clean,
+    /// Nothing was written: nothing to commit, changed since the ticket, no cache files,
+    /// or the write failed (then the cache files are dropped).
+    Not,
+    /// The data file was edited behind hoardfs's back: its bytes were discarded (nothing
+    /// of them is claimed), and pages served from it must go too.
+    Discarded,
+}
+
 /// Cache state of one regular file while it is open through the mount. The fields are
 /// still visible to the rest of `fs` (counts of opens, the fetch state); the record and
 /// the data file change only through the methods below.
@@ -304,28 +317,29 @@ impl FileState {
 
     /// After a sync of the whole cache that began after `commit_ticket` returned `ticket`:
     /// if nothing changed since, every byte the record claims is on disk, and a clean
-    /// record may say so (crash rule 1, as in `checkpoint`). Returns whether it did.
-    pub(super) fn commit_synced(&mut self, env: &Env, ticket: u64) -> bool {
+    /// record may say so (crash rule 1, as in `checkpoint`).
+    pub(super) fn commit_synced(&mut self, env: &Env, ticket: u64) -> Stamped {
         if !self.uncommitted || self.changes != ticket || self.unsynced > 0 || self.written {
-            return false;
+            return Stamped::Not;
         }
         self.clean_record(env)
     }
 
     /// Makes fetched chunks and written data durable and the record match them.
-    pub(super) fn checkpoint(&mut self, env: &Env) {
+    pub(super) fn checkpoint(&mut self, env: &Env) -> Stamped {
         if !self.needs_checkpoint() {
-            return;
+            return Stamped::Not;
         }
         let synced = match &self.files {
             Some(files) => files.data.sync_data(),
             None => Ok(()),
         };
         match synced {
-            Ok(()) => {
-                self.clean_record(env);
+            Ok(()) => self.clean_record(env),
+            Err(e) => {
+                self.checkpoint_failed(env, e);
+                Stamped::Not
             }
-            Err(e) => self.checkpoint_failed(env, e),
         }
     }
 
@@ -333,16 +347,16 @@ impl FileState {
     /// record need not be synced: a crash that loses it leaves the one before, which is
     /// dirty (`mark_written`) or claims only chunks synced before; the cache loses this
     /// fill, and knows it.
-    fn clean_record(&mut self, env: &Env) -> bool {
+    fn clean_record(&mut self, env: &Env) -> Stamped {
         if !self.data_is_ours() {
             self.discard_foreign_data(env);
-            return false;
+            return Stamped::Discarded;
         }
         let Some(files) = &self.files else {
             // (`written` stays: an object store's upload at close still looks at it.)
             self.unsynced = 0;
             self.uncommitted = false;
-            return false;
+            return Stamped::Not;
         };
         self.record.dirty = false;
         match write_record(files, &self.record, false) {
@@ -350,11 +364,11 @@ impl FileState {
                 Stats::add(&env.stats.checkpoints, 1);
                 self.nothing_to_commit();
                 self.noted();
-                true
+                Stamped::Clean
             }
             Err(e) => {
                 self.checkpoint_failed(env, e);
-                false
+                Stamped::Not
             }
         }
     }
@@ -541,7 +555,7 @@ mod tests {
         assert_eq!(on_disk(&s), (false, 0), "nothing claimed before the commit");
         let ticket = s.commit_ticket().expect("waits for a commit");
         sync(&s);
-        assert!(s.commit_synced(&env, ticket));
+        assert_eq!(s.commit_synced(&env, ticket), Stamped::Clean);
         assert_eq!(on_disk(&s), (false, 1));
         assert!(!s.needs_checkpoint());
         assert_eq!(s.commit_ticket(), None);
@@ -558,7 +572,7 @@ mod tests {
         let ticket = s.commit_ticket().unwrap();
         fill(&mut s, 1);
         sync(&s);
-        assert!(!s.commit_synced(&env, ticket));
+        assert_ne!(s.commit_synced(&env, ticket), Stamped::Clean);
         assert_eq!(on_disk(&s), (false, 0));
         // A write through the mount: the record on disk is dirty, and stays so.
         let mut s = f.state("written");
@@ -571,7 +585,7 @@ mod tests {
         s.mark_written(&env);
         // (A dirty record is discarded at load, whatever it claims.)
         assert!(on_disk(&s).0, "marked dirty");
-        assert!(!s.commit_synced(&env, ticket));
+        assert_ne!(s.commit_synced(&env, ticket), Stamped::Clean);
         assert!(on_disk(&s).0, "still dirty");
         // A later checkpoint settles both.
         s.checkpoint(&env);
@@ -617,7 +631,7 @@ mod tests {
         let meta = s.files.as_ref().unwrap().meta.try_clone().unwrap();
         // As the group commit does (`commit_batch`): discarded, never claimed.
         s.discard_foreign_data(&env);
-        assert!(!s.commit_synced(&env, ticket));
+        assert_ne!(s.commit_synced(&env, ticket), Stamped::Clean);
         let rec = read_record_unchecked(&meta).unwrap().unwrap().unwrap();
         assert_eq!((rec.dirty, rec.present_count()), (false, 0));
         assert!(
