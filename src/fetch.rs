@@ -20,11 +20,12 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use crate::cache::record::DataIdentity;
 use crate::cleaner::Usage;
+use crate::sync::{Condvar, Mutex, RwLock};
 
 /// Unit of a source read and of early return: a read waits for the pieces it covers.
 /// 128 KiB is the kernel's FUSE read size (and its readahead unit), so a sequential reader's
