@@ -42,14 +42,17 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::source::Stat;
 use crate::stats::InodeSnapshot;
+use crate::sync::{Mutex, MutexGuard};
 
 mod free;
+#[cfg(test)]
+mod model_check;
 
 pub const ROOT_ID: u64 = 1;
 
@@ -444,6 +447,15 @@ impl<F> InodeTable<F> {
             .by_id
             .get(&id)
             .map(|e| e.inode.clone())
+    }
+
+    /// Whether the table still holds `inode`. An entry returned unreferenced
+    /// (`entry_unreferenced`) may be freed before its caller locks its `file`; once the
+    /// caller holds that lock and this answers true, the entry stays while a state is
+    /// loaded (the table frees no entry whose `file` is locked or loaded).
+    pub fn holds(&self, inode: &Arc<Inode<F>>) -> bool {
+        let inner = self.inner.lock().unwrap();
+        (inner.by_id.get(&inode.id)).is_some_and(|e| Arc::ptr_eq(&e.inode, inode))
     }
 
     /// Entries in the table, referenced and free.
