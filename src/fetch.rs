@@ -27,6 +27,9 @@ use crate::cache::record::DataIdentity;
 use crate::cleaner::Usage;
 use crate::sync::{Condvar, Mutex, RwLock};
 
+#[cfg(test)]
+mod model_check;
+
 /// Unit of a source read and of early return: a read waits for the pieces it covers.
 /// 128 KiB is the kernel's FUSE read size (and its readahead unit), so a sequential reader's
 /// request maps onto one piece.
