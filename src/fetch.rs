@@ -269,7 +269,7 @@ pub struct FileFetch {
     /// The generation of the file's cached content. Cache writes and cache reads outside
     /// the state mutex hold it for reading; a new generation takes it for writing.
     gate: RwLock<u64>,
-    /// Chunks in flight. Lock order (`crate::fs`'s module header): `Inode::file`, the gate,
+    /// Chunks in flight. Lock order (the module header of `fs.rs`): `Inode::file`, the gate,
     /// then this, then a flight's own mutex.
     pub flights: Mutex<HashMap<u64, Arc<Flight>>>,
     /// Chunks prefetched and not read since (for `prefetch_hits`).

@@ -37,7 +37,7 @@
 //! `F` is what the file system keeps per open regular file (`fs::FileState`, the cache
 //! entry); the table only holds it, under each node's mutex, and never looks inside.
 //!
-//! Lock order: `crate::fs`'s module header (the table before the name index before
+//! Lock order: the module header of `fs.rs` (the table before the name index before
 //! `Inode::names` before `Inode::former`; `Inode::file` comes before the table, which only
 //! ever `try_lock`s it).
 
