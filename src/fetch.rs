@@ -20,11 +20,15 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use crate::cache::record::DataIdentity;
 use crate::cleaner::Usage;
+use crate::sync::{Condvar, Mutex, RwLock};
+
+#[cfg(test)]
+mod model_check;
 
 /// Unit of a source read and of early return: a read waits for the pieces it covers.
 /// 128 KiB is the kernel's FUSE read size (and its readahead unit), so a sequential reader's
@@ -265,7 +269,8 @@ pub struct FileFetch {
     /// The generation of the file's cached content. Cache writes and cache reads outside
     /// the state mutex hold it for reading; a new generation takes it for writing.
     gate: RwLock<u64>,
-    /// Chunks in flight. Lock order: `Inode::file`, then this, then a flight's own mutex.
+    /// Chunks in flight. Lock order (the module header of `fs.rs`): `Inode::file`, the gate,
+    /// then this, then a flight's own mutex.
     pub flights: Mutex<HashMap<u64, Arc<Flight>>>,
     /// Chunks prefetched and not read since (for `prefetch_hits`).
     prefetched: Mutex<HashSet<u64>>,

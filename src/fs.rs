@@ -6,11 +6,25 @@
 //! file, fetching missing chunks from the source first; reads of fully cached files opened
 //! read-only go through FUSE passthrough and never reach the daemon.
 //!
-//! Lock order: inode table, then `Inode::names`, then `Inode::file`, then `CachingFs::handles`;
-//! a file's in-flight table and its flights come after `Inode::file` (`crate::fetch`). No lock
-//! is held while waiting for another request; reads and fetches hold `Inode::file` only to
-//! plan and to mark chunks present, never across source I/O (the exceptions: `fetch_all`,
-//! used while passthrough opens exist, and reopening the fetch descriptor after a reset).
+//! Lock order, the one order of the daemon's locks (`inode.rs` and `fetch.rs` point here): a
+//! lock is taken only while holding locks above it in this list, never one below.
+//! 1. `CachingFs::renames` (our own renames read, the watcher's batch write);
+//! 2. `Inode::file`, a file's cache state (held by a rename's upload hold, and by a load);
+//! 3. `CachingFs::evict_lock`, then `CachingFs::loaded`;
+//! 4. a file's fetch state (`crate::fetch`): its gate, then its in-flight table, then a
+//!    flight's own mutex;
+//! 5. the inode table (`InodeTable`'s `inner`), then its name index, then `Inode::names`,
+//!    then `Inode::former`;
+//! 6. `CachingFs::handles`, with nothing taken under it.
+//!
+//! The inode table looks at `Inode::file` only with `try_lock` (freeing and reuse skip an
+//! entry whose state is locked or loaded), which cannot deadlock; so `Inode::file` comes
+//! before the table, and a loader can ask the table whether it still holds the entry it
+//! locked (`InodeTable::holds`). No lock is held while waiting for another request; reads
+//! and fetches hold `Inode::file` only to plan and to mark chunks present, never across
+//! source I/O (the exceptions: `fetch_all`, used while passthrough opens exist, and
+//! reopening the fetch descriptor after a reset). `src/inode/model_check.rs` and
+//! `src/fetch/model_check.rs` check the table's and the flights' interleavings.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;

@@ -37,19 +37,23 @@
 //! `F` is what the file system keeps per open regular file (`fs::FileState`, the cache
 //! entry); the table only holds it, under each node's mutex, and never looks inside.
 //!
-//! Lock order: `InodeTable::inner` before the name index before `Inode::names` before
-//! `Inode::file`.
+//! Lock order: the module header of `fs.rs` (the table before the name index before
+//! `Inode::names` before `Inode::former`; `Inode::file` comes before the table, which only
+//! ever `try_lock`s it).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::source::Stat;
 use crate::stats::InodeSnapshot;
+use crate::sync::{Mutex, MutexGuard};
 
 mod free;
+#[cfg(test)]
+mod model_check;
 
 pub const ROOT_ID: u64 = 1;
 
@@ -444,6 +448,15 @@ impl<F> InodeTable<F> {
             .by_id
             .get(&id)
             .map(|e| e.inode.clone())
+    }
+
+    /// Whether the table still holds `inode`. An entry returned unreferenced
+    /// (`entry_unreferenced`) may be freed before its caller locks its `file`; once the
+    /// caller holds that lock and this answers true, the entry stays while a state is
+    /// loaded (the table frees no entry whose `file` is locked or loaded).
+    pub fn holds(&self, inode: &Arc<Inode<F>>) -> bool {
+        let inner = self.inner.lock().unwrap();
+        (inner.by_id.get(&inode.id)).is_some_and(|e| Arc::ptr_eq(&e.inode, inode))
     }
 
     /// Entries in the table, referenced and free.

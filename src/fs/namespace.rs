@@ -4,12 +4,13 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 
 use fuser::{Errno, FileAttr};
 
 use super::{CachingFs, FileState, Inode, Result, attr_of, child, errno};
 use crate::source::{SetAttr, Stat};
+use crate::sync::MutexGuard;
 
 impl CachingFs {
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {

@@ -464,7 +464,7 @@ impl CachingFs {
     fn finish_open(
         &self,
         inode: &Arc<Inode>,
-        mut guard: std::sync::MutexGuard<'_, Option<FileState>>,
+        mut guard: crate::sync::MutexGuard<'_, Option<FileState>>,
         writable: bool,
         source: Option<File>,
         keep_cache: bool,

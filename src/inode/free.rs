@@ -141,7 +141,8 @@ impl<F> Inner<F> {
             // A cache state still loaded (fetches in flight after the last close, or a
             // prefetch of a file the kernel never looked up) keeps its entry: freed, a new
             // entry for the same file would load a second state over the same cache files.
-            // Back to the tail, counted against the budget so the loop ends.
+            // Back to the tail, and the loop ends once every free entry was looked at
+            // (or the budget is spent): going round again would only meet them again.
             let loaded = match e.inode.file.try_lock() {
                 Ok(g) => g.is_some(),
                 Err(_) => true,
@@ -149,15 +150,15 @@ impl<F> Inner<F> {
             self.free_q.pop_front();
             if loaded {
                 skipped += 1;
-                if skipped > budget {
-                    break;
-                }
                 let stamp = self.stamp();
                 if let Some(e) = self.by_id.get_mut(&id) {
                     e.stamp = stamp;
                     e.freed_at = now;
                 }
                 self.free_q.push_back((id, stamp));
+                if skipped >= self.free_len.min(budget) {
+                    break;
+                }
                 continue;
             }
             self.remove(id);

@@ -77,7 +77,9 @@ impl CachingFs {
         }
         let inode = self.inodes.entry_unreferenced(job.dir_id, &job.path, &st);
         let mut guard = inode.file();
-        if guard.is_some() || !job.wanted() {
+        // Freed from the free list before we locked it: a state loaded now would sit in an
+        // entry no lookup finds, beside the one a lookup makes (`InodeTable::holds`).
+        if guard.is_some() || !job.wanted() || !self.inodes.holds(&inode) {
             return;
         }
         let (state, _) = self.load_state(&inode, &job.path, &mut st, false);
