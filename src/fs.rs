@@ -54,7 +54,7 @@ use crate::health::{GuardedSource, Health};
 use crate::inode::InodeLimits;
 use crate::object_tree::SourceReader;
 use crate::oplog::OpLog;
-use crate::source::{BeneathRoot, Stat, fstat};
+use crate::source::{BeneathRoot, Capabilities, Stat, fstat};
 use crate::stats::Stats;
 
 pub type Result<T> = std::result::Result<T, Errno>;
@@ -400,7 +400,8 @@ impl CachingFs {
         root_stat: Stat,
     ) -> anyhow::Result<CachingFs> {
         let stable_ino = info.stable_ino;
-        let coherence = Coherence::new(&cfg, !info.remote);
+        let caps = source.capabilities();
+        let coherence = Coherence::new(&cfg, caps.watchable);
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
@@ -443,7 +444,7 @@ impl CachingFs {
             // systems stamp fine-grained ctimes when someone looks (multigrain timestamps),
             // and the watcher sees every write there; object stores have ETags.
             timestamp_granularity: cfg.timestamp_granularity.unwrap_or(
-                if info.remote && !cfg.is_object_source() {
+                if info.remote && !caps.exact_versions {
                     Duration::from_secs(1)
                 } else {
                     Duration::ZERO
@@ -532,7 +533,8 @@ impl CachingFs {
         st: &Stat,
     ) -> bool {
         let now = self.identity(st);
-        if !rec.identity.racy || !rec.identity.same_version(&now) || self.source.is_object() {
+        // The comparison reads the source through a descriptor.
+        if !rec.identity.racy || !rec.identity.same_version(&now) || !self.caps().descriptors {
             return false;
         }
         let Ok(src) = self.source.open_file(path, libc::O_RDONLY) else {
@@ -666,9 +668,9 @@ impl CachingFs {
         self.passthrough_ok.store(false, Ordering::Relaxed);
     }
 
-    /// Whether the source is an object store (`object_tree.rs`).
-    pub fn source_is_object(&self) -> bool {
-        self.source.is_object()
+    /// What the source can do (`source::Capabilities`).
+    pub fn caps(&self) -> Capabilities {
+        self.source.capabilities()
     }
 
     pub fn passthrough_enabled(&self) -> bool {

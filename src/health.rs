@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::source_info::SourceInfo;
 use crate::object_tree::ObjectTree;
-use crate::source::BeneathRoot;
+use crate::source::{BeneathRoot, Capabilities};
 
 mod calls;
 
@@ -283,8 +283,18 @@ impl GuardedSource {
     }
 
     /// Whether the source is an object store: no descriptors, no writes in place.
-    pub fn is_object(&self) -> bool {
+    fn is_object(&self) -> bool {
         self.object.is_some()
+    }
+
+    /// What the source can do (`source::Capabilities`), which the core asks instead of
+    /// its kind.
+    pub fn capabilities(&self) -> Capabilities {
+        if self.is_object() {
+            Capabilities::OBJECT_STORE
+        } else {
+            Capabilities::posix(self.remote)
+        }
     }
 
     /// Whether the source is reached over a network or FUSE (object stores too): calls

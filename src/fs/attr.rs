@@ -138,7 +138,7 @@ impl CachingFs {
         if self.offline_change()? {
             return self.offline_setattr(&inode, &attr);
         }
-        if self.source.is_object() {
+        if !self.caps().in_place_writes {
             return self.object_setattr(&inode, attr);
         }
         let path = inode.path();
@@ -202,11 +202,11 @@ impl CachingFs {
     /// of another node of the file), whose bytes the cache does not hold: then the record
     /// is left to be found stale.
     pub(super) fn own_change(&self, path: &Path, before: &Stat, after: &Stat, mtime_set: bool) {
-        // (An object store's metadata change is a copy, which moves the mtime; its data
-        // changes are this mount's own uploads.)
+        // (Where files are not written in place, an object store, a metadata change is a
+        // copy, which moves the mtime; data changes are this mount's own uploads.)
         let data_kept = |after: &Stat| {
             before.size == after.size
-                && (mtime_set || before.mtime == after.mtime || self.source.is_object())
+                && (mtime_set || before.mtime == after.mtime || !self.caps().in_place_writes)
         };
         let inode = self.find_inode(path, after);
         if let Some(inode) = &inode {

@@ -41,8 +41,8 @@ impl CachingFs {
             Live::StaleCheck(on) => ttls.stale_check.store(on, Relaxed),
             Live::Watch(on) => ttls.watch.store(on, Relaxed),
             Live::SourceTimeout(t) => self.source.health.set_timeout(match t {
-                // As `new` chooses it: object stores time their own calls.
-                None if !self.cfg.is_object_source() && self.source.is_remote() => {
+                // As `new` chooses it: none where calls time themselves (object stores).
+                None if !self.caps().own_timeouts && self.source.is_remote() => {
                     Some(DEFAULT_REMOTE_TIMEOUT)
                 }
                 t => t.filter(|t| !t.is_zero()),

@@ -315,7 +315,7 @@ impl CachingFs {
     /// A file with writes not yet uploaded: the mount shows the cache's size and mtime,
     /// not the store's older object.
     pub(super) fn pending_attr(&self, id: u64, st: &mut Stat) {
-        if !self.source.is_object() || !st.is_file() {
+        if self.caps().in_place_writes || !st.is_file() {
             return;
         }
         let Ok(inode) = self.inode(id) else { return };
