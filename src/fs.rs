@@ -52,9 +52,9 @@ use crate::config::Config;
 use crate::fetch::HandleFetch;
 use crate::health::{GuardedSource, Health};
 use crate::inode::InodeLimits;
-use crate::object_tree::SourceReader;
 use crate::oplog::OpLog;
-use crate::source::{BeneathRoot, Capabilities, Stat, fstat};
+use crate::source::SourceReader;
+use crate::source::{BeneathRoot, Capabilities, PosixTree, Stat, fstat};
 use crate::stats::Stats;
 
 pub type Result<T> = std::result::Result<T, Errno>;
@@ -358,8 +358,7 @@ impl CachingFs {
             if let Some(why) = &unreachable {
                 health.go_offline(&format!("the source is unavailable at start: {why}"), false);
             }
-            let name = cfg.source.to_string_lossy().into_owned();
-            let source = GuardedSource::new_object(tree, &name, health, &info);
+            let source = GuardedSource::new(Arc::new(tree), health, &info);
             return Self::with_source(cfg, cache, Arc::new(source), info, info.root_stat());
         }
         let (root, info, unreachable) = match open_source(&cfg.source, recorded.as_ref()) {
@@ -388,7 +387,14 @@ impl CachingFs {
             Some(r) => fstat(r.root_fd())?,
             None => info.root_stat(),
         };
-        let source = Arc::new(GuardedSource::new(root, &cfg.source, health, &info));
+        let tree = PosixTree::new(
+            root,
+            &cfg.source,
+            (info.root_dev, info.root_ino),
+            info.fs_type,
+            info.remote,
+        );
+        let source = Arc::new(GuardedSource::new(Arc::new(tree), health, &info));
         Self::with_source(cfg, cache, source, info, root_stat)
     }
 

@@ -14,7 +14,7 @@ use fuser::{Errno, FileAttr};
 use super::{CachingFs, Inode, Result, attr_of, entry, errno};
 use crate::cache::store::{read_record, write_record};
 use crate::coherence::Notice;
-use crate::object_tree::SourceReader;
+use crate::source::SourceReader;
 use crate::source::{SetAttr, Stat, fstat};
 
 impl CachingFs {

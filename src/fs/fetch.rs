@@ -16,7 +16,7 @@ use super::Inode;
 use super::{CachingFs, FileState, Handle, Result, errno, now_millis};
 use crate::fetch::{End, FileFetch, Flight, SourceFd, Step};
 use crate::fetch_pool::Job;
-use crate::object_tree::SourceReader;
+use crate::source::SourceReader;
 use crate::source::read_full;
 use crate::stats::Stats;
 
