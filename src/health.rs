@@ -21,6 +21,9 @@ use crate::cache::source_info::SourceInfo;
 use crate::source::{Capabilities, SourceTree};
 
 mod calls;
+mod open;
+
+pub use open::{DEFAULT_REMOTE_TIMEOUT, OpenedSource, open_source, timeout_for};
 
 /// Source workers when calls run with a timeout: as many hung calls as this can be
 /// outstanding before new calls time out in the queue.
