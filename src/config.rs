@@ -198,13 +198,17 @@ impl Config {
         }
     }
 
-    /// The object-store URL when the source is one (`s3://BUCKET[/PREFIX]`).
-    #[cfg(feature = "s3")]
-    pub fn object_url(&self) -> Option<crate::object_source::ObjectUrl> {
-        let s = self.source.to_str()?;
-        s.starts_with("s3://")
-            .then(|| crate::object_source::ObjectUrl::parse(s).ok())
-            .flatten()
+    /// What the (validated) source argument names, for building the source
+    /// (`health::open_source`).
+    pub fn source_spec(&self) -> SourceSpec {
+        #[cfg(feature = "s3")]
+        if let Some(url) = (self.source.to_str())
+            .filter(|s| s.starts_with("s3://"))
+            .and_then(|s| crate::object_source::ObjectUrl::parse(s).ok())
+        {
+            return SourceSpec::Object(url);
+        }
+        SourceSpec::Dir(self.source.clone())
     }
 
     /// Whether the source names an object store (`s3://`), whether or not this build can
@@ -212,6 +216,16 @@ impl Config {
     pub fn is_object_source(&self) -> bool {
         self.source.to_str().is_some_and(|s| s.starts_with("s3://"))
     }
+}
+
+/// The kind of source the command line names, and where it is.
+pub enum SourceSpec {
+    /// A directory tree (`source::PosixTree`).
+    Dir(PathBuf),
+    /// An S3-compatible object store, `s3://BUCKET[/PREFIX]` (`object_tree::ObjectTree`);
+    /// without the `s3` feature such a source is refused by `Config::check_values`.
+    #[cfg(feature = "s3")]
+    Object(crate::object_source::ObjectUrl),
 }
 
 /// Whether hoardfs watches the source (inotify) for changes made behind the mount.

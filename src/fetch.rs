@@ -42,14 +42,14 @@ const DEAD: u64 = u64::MAX;
 /// open at once stays under `fetch_fds` (the paper's "resource hog" warning about hints).
 #[derive(Debug)]
 pub struct SourceFd {
-    pub reader: crate::object_tree::SourceReader,
+    pub reader: crate::source::SourceReader,
     open: Arc<AtomicU64>,
 }
 
 impl SourceFd {
     /// `reader`, one of the descriptors counted in `open` (already counted; given back
     /// when this is dropped).
-    pub fn counted(reader: crate::object_tree::SourceReader, open: Arc<AtomicU64>) -> SourceFd {
+    pub fn counted(reader: crate::source::SourceReader, open: Arc<AtomicU64>) -> SourceFd {
         SourceFd { reader, open }
     }
 }

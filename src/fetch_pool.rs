@@ -129,7 +129,7 @@ impl<N> Fetcher<N> {
     /// Opens a fetch descriptor with `open` unless `fetch_fds` are open already.
     pub fn open_source(
         &self,
-        open: impl FnOnce() -> io::Result<crate::object_tree::SourceReader>,
+        open: impl FnOnce() -> io::Result<crate::source::SourceReader>,
     ) -> Option<Arc<SourceFd>> {
         let max = self.tun.fds.load(Relaxed);
         let prev = self
@@ -406,7 +406,7 @@ mod tests {
     fn tunables_change_live_and_bound_the_queue() {
         let f = Fetcher::<()>::new(8, 1 << 20, 2, 16);
         // Two descriptors at most.
-        let open = || File::open("/dev/null").map(crate::object_tree::SourceReader::File);
+        let open = || File::open("/dev/null").map(crate::source::SourceReader::File);
         let a = f.open_source(open).unwrap();
         let _b = f.open_source(open).unwrap();
         assert!(f.open_source(open).is_none());

@@ -58,17 +58,16 @@ pub use changes::spawn_coherence_threads;
 pub use commit::spawn_committer;
 pub use fetch::spawn_fetch_workers;
 
-use crate::cache::source_info::SourceInfo;
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{Limits, Pins, Usage};
 use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
 use crate::fetch::HandleFetch;
-use crate::health::{GuardedSource, Health};
+use crate::health::{GuardedSource, OpenedSource};
 use crate::inode::InodeLimits;
-use crate::object_tree::SourceReader;
 use crate::oplog::OpLog;
-use crate::source::{BeneathRoot, Stat, fstat};
+use crate::source::SourceReader;
+use crate::source::{Capabilities, Stat, fstat};
 use crate::stats::Stats;
 
 pub type Result<T> = std::result::Result<T, Errno>;
@@ -94,10 +93,6 @@ pub fn errno(e: io::Error) -> Errno {
         }
     }
 }
-
-/// Source call timeout where none is configured and the source is a network or FUSE file
-/// system: long enough for a slow server, short enough that a dead one is noticed.
-const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 
 use entry::Env;
 pub use entry::FileState;
@@ -222,83 +217,6 @@ pub struct CachingFs {
     commits: commit::GroupCommit,
 }
 
-/// Longest wait for the source's root at start: a dead network mount can hang any call
-/// on its path.
-const SOURCE_OPEN_WAIT: Duration = Duration::from_secs(10);
-
-/// Opens the source's root (waiting at most `SOURCE_OPEN_WAIT`) and checks it against what
-/// the cache recorded of it; the error says why it cannot be used.
-fn open_source(
-    path: &Path,
-    recorded: Option<&SourceInfo>,
-) -> std::result::Result<(BeneathRoot, SourceInfo), String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let p = path.to_path_buf();
-    std::thread::spawn(move || {
-        let r = BeneathRoot::open(&p).and_then(|root| {
-            let info = SourceInfo::of(root.root_fd())?;
-            Ok((root, info))
-        });
-        let _ = tx.send(r);
-    });
-    let (root, info) = match rx.recv_timeout(SOURCE_OPEN_WAIT) {
-        Ok(Ok(opened)) => opened,
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err(format!("no answer within {SOURCE_OPEN_WAIT:?}")),
-    };
-    if let Some(why) = recorded.and_then(|r| r.mismatch(&info)) {
-        return Err(why);
-    }
-    Ok((root, info))
-}
-
-/// Opens an object-store source and checks that it answers (a stat of its root); one that
-/// does not is used offline when the cache holds an earlier mount of it.
-#[cfg(feature = "s3")]
-fn open_object_source(
-    cfg: &Config,
-    url: &crate::object_source::ObjectUrl,
-    cache: &CacheStore,
-    recorded: Option<&SourceInfo>,
-) -> anyhow::Result<(crate::object_tree::ObjectTree, SourceInfo, Option<String>)> {
-    let name = cfg.source.display();
-    let opts = crate::object_source::S3Options {
-        endpoint: cfg.s3.endpoint.clone(),
-        region: cfg.s3.region.clone(),
-        virtual_hosted: cfg.s3.virtual_hosted,
-        allow_http: cfg
-            .s3
-            .endpoint
-            .as_deref()
-            .is_some_and(|e| e.starts_with("http://")),
-        ..Default::default()
-    };
-    let store = crate::object_source::ObjectSource::open(url, opts)
-        .map_err(|e| anyhow::anyhow!("cannot use the source {name}: {e}"))?;
-    let tree = crate::object_tree::ObjectTree::new(store);
-    let object_recorded =
-        recorded.filter(|r| r.fs_type == crate::cache::source_info::OBJECT_STORE_TYPE);
-    if recorded.is_some() && object_recorded.is_none() {
-        anyhow::bail!(
-            "the cache directory {} was filled from a directory source, not {name}",
-            cache.root().display()
-        );
-    }
-    match tree.check_root() {
-        Ok(root) => {
-            let info = SourceInfo::object(&root);
-            if let Err(e) = info.save(cache.top()) {
-                tracing::warn!("cannot record the source's kind in the cache: {e}");
-            }
-            Ok((tree, info, None))
-        }
-        Err(e) if crate::source::may_mean_unreachable(&e) && object_recorded.is_some() => {
-            Ok((tree, *object_recorded.unwrap(), Some(e.to_string())))
-        }
-        Err(e) => anyhow::bail!("cannot use the source {name}: {e}"),
-    }
-}
-
 fn kind_of(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
         libc::S_IFDIR => FileType::Directory,
@@ -358,63 +276,17 @@ fn now_millis() -> u64 {
 }
 
 impl CachingFs {
-    pub fn new(cfg: Config, cache: CacheStore) -> anyhow::Result<CachingFs> {
-        let recorded = SourceInfo::load(cache.top());
-        // Without the `s3` feature, `Config::check_values` refused an object-store source.
-        #[cfg(feature = "s3")]
-        if let Some(url) = cfg.object_url() {
-            let (tree, info, unreachable) =
-                open_object_source(&cfg, &url, &cache, recorded.as_ref())?;
-            // Object-store calls carry their own timeouts (`S3Options`); a health timeout
-            // shorter than an upload would take the mount offline in mid-upload.
-            let timeout = cfg.source_timeout.filter(|t| !t.is_zero());
-            let health = Arc::new(Health::new(timeout, cfg.start_offline));
-            if let Some(why) = &unreachable {
-                health.go_offline(&format!("the source is unavailable at start: {why}"), false);
-            }
-            let name = cfg.source.to_string_lossy().into_owned();
-            let source = GuardedSource::new_object(tree, &name, health, &info);
-            return Self::with_source(cfg, cache, Arc::new(source), info, info.root_stat());
-        }
-        let (root, info, unreachable) = match open_source(&cfg.source, recorded.as_ref()) {
-            Ok((root, info)) => {
-                if let Err(e) = info.save(cache.top()) {
-                    tracing::warn!("cannot record the source's kind in the cache: {e}");
-                }
-                (Some(root), info, None)
-            }
-            // Disconnected operation from the start: the cache of an earlier mount.
-            Err(why) => match recorded {
-                Some(rec) => (None, rec, Some(why)),
-                None => anyhow::bail!("cannot use the source {}: {why}", cfg.source.display()),
-            },
-        };
-        let timeout = match cfg.source_timeout {
-            None => info.remote.then_some(DEFAULT_REMOTE_TIMEOUT),
-            Some(t) if t.is_zero() => None,
-            Some(t) => Some(t),
-        };
-        let health = Arc::new(Health::new(timeout, cfg.start_offline));
-        if let Some(why) = &unreachable {
-            health.go_offline(&format!("the source is unavailable at start: {why}"), false);
-        }
-        let root_stat = match &root {
-            Some(r) => fstat(r.root_fd())?,
-            None => info.root_stat(),
-        };
-        let source = Arc::new(GuardedSource::new(root, &cfg.source, health, &info));
-        Self::with_source(cfg, cache, source, info, root_stat)
-    }
-
-    fn with_source(
-        cfg: Config,
-        cache: CacheStore,
-        source: Arc<GuardedSource>,
-        info: SourceInfo,
-        root_stat: Stat,
-    ) -> anyhow::Result<CachingFs> {
+    /// The core over `opened`, the source built from the configuration outside it
+    /// (`health::open_source`).
+    pub fn new(cfg: Config, cache: CacheStore, opened: OpenedSource) -> anyhow::Result<CachingFs> {
+        let OpenedSource {
+            source,
+            info,
+            root_stat,
+        } = opened;
         let stable_ino = info.stable_ino;
-        let coherence = Coherence::new(&cfg, !info.remote);
+        let caps = source.capabilities();
+        let coherence = Coherence::new(&cfg, caps.watchable);
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
         }
@@ -457,7 +329,7 @@ impl CachingFs {
             // systems stamp fine-grained ctimes when someone looks (multigrain timestamps),
             // and the watcher sees every write there; object stores have ETags.
             timestamp_granularity: cfg.timestamp_granularity.unwrap_or(
-                if info.remote && !cfg.is_object_source() {
+                if info.remote && !caps.exact_versions {
                     Duration::from_secs(1)
                 } else {
                     Duration::ZERO
@@ -546,7 +418,8 @@ impl CachingFs {
         st: &Stat,
     ) -> bool {
         let now = self.identity(st);
-        if !rec.identity.racy || !rec.identity.same_version(&now) || self.source.is_object() {
+        // The comparison reads the source through a descriptor.
+        if !rec.identity.racy || !rec.identity.same_version(&now) || !self.caps().descriptors {
             return false;
         }
         let Ok(src) = self.source.open_file(path, libc::O_RDONLY) else {
@@ -680,9 +553,9 @@ impl CachingFs {
         self.passthrough_ok.store(false, Ordering::Relaxed);
     }
 
-    /// Whether the source is an object store (`object_tree.rs`).
-    pub fn source_is_object(&self) -> bool {
-        self.source.is_object()
+    /// What the source can do (`source::Capabilities`).
+    pub fn caps(&self) -> Capabilities {
+        self.source.capabilities()
     }
 
     pub fn passthrough_enabled(&self) -> bool {

@@ -157,9 +157,9 @@ impl Filesystem for FuseAdapter {
         let mut want = InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO;
-        // An object store has no locks: without these the kernel keeps them itself, local
-        // to this machine.
-        if !self.fs.source_is_object() {
+        // A source without locks (an object store): without these the kernel keeps them
+        // itself, local to this machine.
+        if self.fs.caps().posix_locks {
             // flock(2) arrives as a whole-file lock owned by the open file; it is taken on
             // the source like POSIX locks, so it excludes across mounts.
             want |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
@@ -180,7 +180,7 @@ impl Filesystem for FuseAdapter {
         // asking `security.capability` before every write: one `getxattr` per file
         // instead, issue 22). The source's own kernel clears capabilities on our writes
         // and set-ID bits on our chowns; the object store keeps neither.
-        if !self.fs.source_is_object() {
+        if self.fs.caps().clears_set_id {
             want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         }
         let want = want & caps;

@@ -11,7 +11,6 @@
 //! rest promptly (`EIO` for data and names it does not have, `EROFS` for changes).
 
 use std::io;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, SystemTime};
@@ -19,10 +18,12 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::source_info::SourceInfo;
-use crate::object_tree::ObjectTree;
-use crate::source::BeneathRoot;
+use crate::source::{Capabilities, SourceTree};
 
 mod calls;
+mod open;
+
+pub use open::{DEFAULT_REMOTE_TIMEOUT, OpenedSource, open_source, timeout_for};
 
 /// Source workers when calls run with a timeout: as many hung calls as this can be
 /// outstanding before new calls time out in the queue.
@@ -232,90 +233,43 @@ impl Health {
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The source, reached only through calls that honour the mount's health: refused while
-/// offline, bounded by the timeout when one is set.
+/// offline, bounded by the timeout when one is set. Whatever its kind, every call takes
+/// one path (`call`): the kind's own answers, including its errnos for what it cannot do,
+/// come from its `SourceTree`.
 pub struct GuardedSource {
-    /// Replaced when a network or FUSE source is mounted anew after a failure: the old
-    /// descriptor then leads to a dead connection forever. `None` after an offline start
-    /// with the source unreachable, until the probe finds it.
-    root: std::sync::RwLock<Option<Arc<BeneathRoot>>>,
-    /// The source's path, and the (dev, ino) and file system type it led to.
-    path: PathBuf,
-    root_id: Mutex<(u64, u64)>,
-    fs_type: i64,
+    /// A trait object rather than an enum of the two kinds: the core never needs to know
+    /// which it has (it asks `capabilities`), and a build without the `s3` feature simply
+    /// has no object-store implementation.
+    tree: Arc<dyn SourceTree>,
+    caps: Capabilities,
+    /// A network or FUSE file system, or an object store.
     remote: bool,
     pub health: Arc<Health>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    /// An object-store source (`object_tree.rs`); `root` is then always `None`.
-    object: Option<Arc<ObjectTree>>,
 }
 
 impl GuardedSource {
-    /// The source at `path`, described by `info`; its root open as `root`, or `None` when
-    /// it could not be reached at start.
-    pub fn new(
-        root: Option<BeneathRoot>,
-        path: &Path,
-        health: Arc<Health>,
-        info: &SourceInfo,
-    ) -> GuardedSource {
+    /// The source `tree`, described by `info`.
+    pub fn new(tree: Arc<dyn SourceTree>, health: Arc<Health>, info: &SourceInfo) -> GuardedSource {
         GuardedSource {
-            root: std::sync::RwLock::new(root.map(Arc::new)),
-            path: path.to_path_buf(),
-            root_id: Mutex::new((info.root_dev, info.root_ino)),
-            fs_type: info.fs_type,
+            caps: tree.capabilities(),
+            tree,
             remote: info.remote,
             health,
             jobs: Mutex::new(None),
-            object: None,
         }
     }
 
-    /// An object-store source, described by `info` (`SourceInfo::object`).
-    pub fn new_object(
-        tree: ObjectTree,
-        url: &str,
-        health: Arc<Health>,
-        info: &SourceInfo,
-    ) -> GuardedSource {
-        let mut s = GuardedSource::new(None, Path::new(url), health, info);
-        s.object = Some(Arc::new(tree));
-        s
-    }
-
-    /// Whether the source is an object store: no descriptors, no writes in place.
-    pub fn is_object(&self) -> bool {
-        self.object.is_some()
+    /// What the source can do (`source::Capabilities`), which the core asks instead of
+    /// its kind.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
     }
 
     /// Whether the source is reached over a network or FUSE (object stores too): calls
     /// mostly wait for round trips.
     pub fn is_remote(&self) -> bool {
         self.remote
-    }
-
-    /// Like `call`, on an object-store source.
-    fn call_obj<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&ObjectTree) -> io::Result<T> + Send + 'static,
-    ) -> io::Result<T> {
-        if !self.health.online() {
-            self.health.offline_requests.fetch_add(1, Relaxed);
-            return Err(io::Error::from_raw_os_error(OFFLINE));
-        }
-        let tree = self.object.clone().expect("an object-store source");
-        let r = self.timed(move || f(&tree));
-        if let Err(e) = &r {
-            self.failed(e);
-        }
-        r
-    }
-
-    fn root(&self) -> io::Result<Arc<BeneathRoot>> {
-        self.root
-            .read()
-            .unwrap()
-            .clone()
-            .ok_or_else(|| io::Error::from_raw_os_error(OFFLINE))
     }
 
     fn submit(&self, job: Job) {
@@ -346,7 +300,7 @@ impl GuardedSource {
     /// waiting at most the timeout. A call that times out before it started never runs.
     pub fn call<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&BeneathRoot) -> io::Result<T> + Send + 'static,
+        f: impl FnOnce(&dyn SourceTree) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
         if !self.health.online() {
             self.health.offline_requests.fetch_add(1, Relaxed);
@@ -393,10 +347,10 @@ impl GuardedSource {
     /// Like `call`, even while offline (the probe, replaying offline changes).
     pub fn call_anyway<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&BeneathRoot) -> io::Result<T> + Send + 'static,
+        f: impl FnOnce(&dyn SourceTree) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
-        let root = self.root()?;
-        self.timed(move || f(&root))
+        let tree = self.tree.clone();
+        self.timed(move || f(&*tree))
     }
 
     /// Runs `f` under the timeout (on a source worker), or inline without one.
@@ -434,50 +388,10 @@ impl GuardedSource {
         }
     }
 
-    /// Checks that the source answers and that its path still leads to the directory
-    /// mounted at start (a lazily unmounted or replaced source does not). A network or
-    /// FUSE source mounted anew at its path (a restarted sshfs) is taken up again.
+    /// Checks that the source answers (`SourceTree::probe`), under the timeout.
     fn probe(&self) -> io::Result<()> {
         self.health.probes.fetch_add(1, Relaxed);
-        if let Some(tree) = self.object.clone() {
-            return self.timed(move || tree.probe());
-        }
-        let path = self.path.clone();
-        let now: (u64, u64, i64) = self.timed(move || {
-            let m = std::fs::symlink_metadata(&path)?;
-            use std::os::unix::fs::MetadataExt;
-            if !m.is_dir() {
-                return Err(io::Error::other("the source path is not a directory"));
-            }
-            let t = rustix::fs::statfs(&path)?.f_type;
-            Ok((m.dev(), m.ino(), t))
-        })?;
-        let root_id = *self.root_id.lock().unwrap();
-        let attached = self.root.read().unwrap().is_some();
-        let through_root = self.call_anyway(|r| r.stat(Path::new("")));
-        match through_root {
-            Ok(st) if (st.dev, st.ino) == root_id && (now.0, now.1) == root_id => Ok(()),
-            // Mounted anew (a restarted sshfs), or found after an offline start: a network
-            // or FUSE source must be that kind of file system again (not the empty mount
-            // point); a local one the very directory the cache was filled from.
-            _ if (self.remote && now.2 == self.fs_type && (now.0, now.1) != root_id)
-                || (!attached && (now.0, now.1) == root_id) =>
-            {
-                let path = self.path.clone();
-                let fresh = self.timed(move || BeneathRoot::open(&path))?;
-                tracing::info!("the source is at {} again: using it", self.path.display());
-                *self.root.write().unwrap() = Some(Arc::new(fresh));
-                *self.root_id.lock().unwrap() = (now.0, now.1);
-                Ok(())
-            }
-            _ if !attached => Err(io::Error::other(
-                "the source path does not lead to the source yet",
-            )),
-            Ok(_) => Err(io::Error::other(
-                "the source path no longer leads to the mounted source",
-            )),
-            Err(e) => Err(e),
-        }
+        self.call_anyway(|t| t.probe())
     }
 }
 
@@ -510,6 +424,8 @@ pub fn spawn_probe(src: Arc<GuardedSource>) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::{BeneathRoot, PosixTree};
+    use std::path::Path;
     use std::sync::Condvar;
 
     #[test]
@@ -531,7 +447,14 @@ mod tests {
         let h = Arc::new(Health::new(Some(Duration::from_millis(50)), false));
         let root = BeneathRoot::open(dir.path()).unwrap();
         let info = SourceInfo::of(root.root_fd()).unwrap();
-        let src = GuardedSource::new(Some(root), dir.path(), h.clone(), &info);
+        let tree = PosixTree::new(
+            Some(root),
+            dir.path(),
+            (info.root_dev, info.root_ino),
+            info.fs_type,
+            info.remote,
+        );
+        let src = GuardedSource::new(Arc::new(tree), h.clone(), &info);
         let release = Arc::new((Mutex::new(false), Condvar::new()));
         let r2 = release.clone();
         let err = src

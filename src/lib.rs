@@ -18,16 +18,13 @@ pub mod manpage;
 pub mod metrics;
 pub mod mounts;
 /// Sources on S3-compatible object stores, with the `s3` feature: the client
-/// (`object_source`) and the POSIX tree over it (`object_tree`). Without the feature,
-/// `object_tree` is `object_tree_off.rs`, whose `ObjectTree` cannot exist: the core's
-/// object-store paths still compile and are statically unreachable, and
-/// `Config::check_values` refuses an `s3://` source.
+/// (`object_source`) and the POSIX tree over it (`object_tree`, the object store's
+/// `source::SourceTree`). Without the feature neither exists: the core knows sources only
+/// as `SourceTree`s and their capabilities, and `Config::check_values` refuses an `s3://`
+/// source.
 #[cfg(feature = "s3")]
 pub mod object_source;
 #[cfg(feature = "s3")]
-pub mod object_tree;
-#[cfg(not(feature = "s3"))]
-#[path = "object_tree_off.rs"]
 pub mod object_tree;
 pub mod oplog;
 pub mod options;

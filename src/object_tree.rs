@@ -1,13 +1,13 @@
 //! An object store seen as a POSIX tree: the calls `GuardedSource` makes of a source,
 //! answered over `ObjectSource` with `Stat`s and errnos (docs/SEMANTICS.md).
 //!
-//! The core caches an object store like a directory, with two differences it asks about
-//! (`GuardedSource::is_object`): there are no descriptors (a file is read by ranged GETs
-//! that name the version they expect, `SourceReader::Object`), and a file cannot be
-//! written in place, so written files are uploaded whole from the cache on close and fsync
-//! (`fs/object.rs`). Everything else maps call for call; what cannot be expressed answers
-//! a plain errno: hard links, symlinks and device nodes `EPERM`, a directory rename
-//! `EXDEV` (so `mv` copies), extended attributes `EOPNOTSUPP`.
+//! It is the object store's `SourceTree`. The core caches it like a directory, with the
+//! differences its `Capabilities` declare: there are no descriptors (a file is read by
+//! ranged GETs that name the version they expect, `SourceReader::Object`), and a file
+//! cannot be written in place, so written files are uploaded whole from the cache on close
+//! and fsync (`fs/object.rs`). Everything else maps call for call; what cannot be
+//! expressed answers a plain errno: hard links, symlinks and device nodes `EPERM`, a
+//! directory rename `EXDEV` (so `mv` copies), extended attributes `EOPNOTSUPP`.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -17,8 +17,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
+use std::fs::File;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use rustix::fs::OFlags;
+
 use crate::object_source::{ObjKind, ObjMeta, ObjStat, ObjectSource};
-use crate::source::{DirEntry, SetAttr, Stat, TimeSpec};
+use crate::source::{Capabilities, DirEntry, SetAttr, SourceTree, Stat, TimeSpec};
 
 /// HEADs in flight for one listing's attributes (readdirplus).
 const STAT_PARALLEL: usize = 16;
@@ -332,5 +337,161 @@ impl ObjectTree {
 
     pub fn probe(&self) -> io::Result<()> {
         self.store.probe()
+    }
+}
+
+/// What an object store cannot express answers a plain errno here: descriptors `ENOTSUP`,
+/// hard links, symlinks and device nodes `EPERM`, `readlink` `EINVAL` (there are no
+/// symlinks), extended attributes `EOPNOTSUPP` (and an empty list).
+impl SourceTree for ObjectTree {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::OBJECT_STORE
+    }
+
+    fn probe(&self) -> io::Result<()> {
+        ObjectTree::probe(self)
+    }
+
+    fn stat(&self, rel: &Path) -> io::Result<Stat> {
+        ObjectTree::stat(self, rel)
+    }
+
+    fn stat_children(&self, dir: &Path, names: &[&OsStr]) -> io::Result<Vec<io::Result<Stat>>> {
+        Ok(ObjectTree::stat_children(self, dir, names))
+    }
+
+    fn read_dir(&self, rel: &Path) -> io::Result<Vec<DirEntry>> {
+        ObjectTree::read_dir(self, rel)
+    }
+
+    fn statvfs(&self) -> io::Result<libc::statvfs> {
+        Ok(ObjectTree::statvfs(self))
+    }
+
+    fn open_reader(&self, rel: &Path, size: u64, ctime: (i64, u32)) -> io::Result<SourceReader> {
+        ObjectTree::open_reader(self, rel, size, ctime)
+    }
+
+    fn openat(&self, _rel: &Path, _flags: OFlags, _mode: u32) -> io::Result<OwnedFd> {
+        Err(errno(libc::ENOTSUP))
+    }
+
+    fn dir(&self, _rel: &Path) -> io::Result<OwnedFd> {
+        Err(errno(libc::ENOTSUP))
+    }
+
+    fn open_file(&self, _rel: &Path, _flags: i32) -> io::Result<File> {
+        Err(errno(libc::ENOTSUP))
+    }
+
+    fn create_file(&self, _rel: &Path, _flags: i32, _mode: u32) -> io::Result<File> {
+        Err(errno(libc::ENOTSUP))
+    }
+
+    fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
+        ObjectTree::mkdir(self, rel, mode, self.owner).map(|_| ())
+    }
+
+    fn mknod(&self, _rel: &Path, _mode: u32, _rdev: u64) -> io::Result<()> {
+        Err(errno(libc::EPERM))
+    }
+
+    fn symlink(&self, _target: &Path, _rel: &Path) -> io::Result<()> {
+        Err(errno(libc::EPERM))
+    }
+
+    fn readlink(&self, _rel: &Path) -> io::Result<Vec<u8>> {
+        Err(errno(libc::EINVAL))
+    }
+
+    fn unlink(&self, rel: &Path) -> io::Result<()> {
+        ObjectTree::unlink(self, rel)
+    }
+
+    fn rmdir(&self, rel: &Path) -> io::Result<()> {
+        ObjectTree::rmdir(self, rel)
+    }
+
+    fn rename(&self, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+        ObjectTree::rename(self, from, to, flags)
+    }
+
+    fn link(&self, _from: &Path, _to: &Path) -> io::Result<()> {
+        Err(errno(libc::EPERM))
+    }
+
+    /// By name only: there is no descriptor to change.
+    fn set_attr(
+        &self,
+        rel: Option<&Path>,
+        _fd: Option<BorrowedFd<'_>>,
+        attr: &SetAttr,
+    ) -> io::Result<()> {
+        let rel = rel.ok_or_else(|| errno(libc::ENOENT))?;
+        ObjectTree::set_attr(self, rel, attr).map(|_| ())
+    }
+
+    fn chown_new(&self, rel: &Path, uid: u32, gid: Option<u32>) -> io::Result<()> {
+        let attr = SetAttr {
+            uid: Some(uid),
+            gid,
+            ..Default::default()
+        };
+        ObjectTree::set_attr(self, rel, &attr).map(|_| ())
+    }
+
+    fn getxattr(&self, _rel: &Path, _name: &OsStr, _size: usize) -> io::Result<Vec<u8>> {
+        Err(errno(libc::EOPNOTSUPP))
+    }
+
+    fn listxattr(&self, _rel: &Path, _size: usize) -> io::Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn setxattr(&self, _rel: &Path, _name: &OsStr, _value: &[u8], _flags: i32) -> io::Result<()> {
+        Err(errno(libc::EOPNOTSUPP))
+    }
+
+    fn removexattr(&self, _rel: &Path, _name: &OsStr) -> io::Result<()> {
+        Err(errno(libc::EOPNOTSUPP))
+    }
+
+    fn mkdir_owned(&self, rel: &Path, mode: u32, owner: (u32, u32)) -> io::Result<Stat> {
+        ObjectTree::mkdir(self, rel, mode, owner)
+    }
+
+    fn rewrite_attr(&self, rel: &Path, attr: &SetAttr) -> io::Result<Stat> {
+        ObjectTree::set_attr(self, rel, attr)
+    }
+
+    fn upload(
+        &self,
+        rel: &Path,
+        file: &File,
+        keep: Option<&Stat>,
+        mtime: SystemTime,
+    ) -> io::Result<Stat> {
+        ObjectTree::upload(self, rel, file, keep, mtime)
+    }
+
+    fn read_range(
+        &self,
+        rel: &Path,
+        etag: Option<&str>,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<Vec<u8>> {
+        self.read_at(rel, etag, len, offset)
+    }
+
+    fn read_range_into(
+        &self,
+        rel: &Path,
+        etag: Option<&str>,
+        len: usize,
+        offset: u64,
+        sink: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        self.read_into(rel, etag, len, offset, sink)
     }
 }

@@ -126,7 +126,8 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     let metrics = cfg.metrics_addr.map(crate::metrics::bind).transpose()?;
     let (inval_tx, inval_rx) = mpsc::channel::<Notice>();
     let inval_tx = Mutex::new(inval_tx);
-    let mut fs = CachingFs::new(cfg.clone(), store)?;
+    let source = crate::health::open_source(&cfg, &store)?;
+    let mut fs = CachingFs::new(cfg.clone(), store, source)?;
     fs.set_notifier(move |n| {
         let _ = inval_tx.lock().unwrap().send(n);
     });

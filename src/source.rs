@@ -20,6 +20,11 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
+mod caps;
+mod tree;
+pub use caps::Capabilities;
+pub use tree::{PosixTree, SourceTree};
+
 /// Bytes of a relative path handed to one `openat2` call; well below `PATH_MAX`.
 const MAX_PATH_PIECE: usize = 3000;
 

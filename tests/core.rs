@@ -53,7 +53,8 @@ fn core(dirs: &Dirs, chunk_size: u64, whole_file_threshold: u64) -> CachingFs {
     cfg.whole_file_threshold = whole_file_threshold;
     cfg.check_values().expect("a valid configuration");
     let store = CacheStore::open(&cfg.cache_dir).expect("the cache directory");
-    CachingFs::new(cfg, store).expect("the core")
+    let source = hoardfs::health::open_source(&cfg, &store).expect("the source");
+    CachingFs::new(cfg, store, source).expect("the core")
 }
 
 fn no_backing(_: &fs::File) -> io::Result<fuser::BackingId> {

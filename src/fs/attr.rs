@@ -14,7 +14,7 @@ use fuser::{Errno, FileAttr};
 use super::{CachingFs, Inode, Result, attr_of, entry, errno};
 use crate::cache::store::{read_record, write_record};
 use crate::coherence::Notice;
-use crate::object_tree::SourceReader;
+use crate::source::SourceReader;
 use crate::source::{SetAttr, Stat, fstat};
 
 impl CachingFs {
@@ -144,14 +144,14 @@ impl CachingFs {
     ) -> Result<FileAttr> {
         let inode = self.inode(id)?;
         let kill =
-            kill_suidgid && attr.size.is_some() && attr.mode.is_none() && !self.source_is_object();
+            kill_suidgid && attr.size.is_some() && attr.mode.is_none() && self.caps().clears_set_id;
         if self.offline_change()? {
             if kill {
                 attr.mode = cleared_set_id(u32::from(self.getattr(id, fh)?.perm));
             }
             return self.offline_setattr(&inode, &attr);
         }
-        if self.source.is_object() {
+        if !self.caps().in_place_writes {
             return self.object_setattr(&inode, attr);
         }
         let path = inode.path();
@@ -218,11 +218,11 @@ impl CachingFs {
     /// of another node of the file), whose bytes the cache does not hold: then the record
     /// is left to be found stale.
     pub(super) fn own_change(&self, path: &Path, before: &Stat, after: &Stat, mtime_set: bool) {
-        // (An object store's metadata change is a copy, which moves the mtime; its data
-        // changes are this mount's own uploads.)
+        // (Where files are not written in place, an object store, a metadata change is a
+        // copy, which moves the mtime; data changes are this mount's own uploads.)
         let data_kept = |after: &Stat| {
             before.size == after.size
-                && (mtime_set || before.mtime == after.mtime || self.source.is_object())
+                && (mtime_set || before.mtime == after.mtime || !self.caps().in_place_writes)
         };
         let inode = self.find_inode(path, after);
         if let Some(inode) = &inode {

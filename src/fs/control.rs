@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use super::{CachingFs, DEFAULT_REMOTE_TIMEOUT};
+use super::CachingFs;
 use crate::cleaner::Limits;
 use crate::inode::InodeLimits;
 use crate::stats::Snapshot;
@@ -40,13 +40,10 @@ impl CachingFs {
             Live::NegativeTtl(t) => ttls.set_negative(t),
             Live::StaleCheck(on) => ttls.stale_check.store(on, Relaxed),
             Live::Watch(on) => ttls.watch.store(on, Relaxed),
-            Live::SourceTimeout(t) => self.source.health.set_timeout(match t {
-                // As `new` chooses it: object stores time their own calls.
-                None if !self.cfg.is_object_source() && self.source.is_remote() => {
-                    Some(DEFAULT_REMOTE_TIMEOUT)
-                }
-                t => t.filter(|t| !t.is_zero()),
-            }),
+            Live::SourceTimeout(t) => {
+                let t = crate::health::timeout_for(t, self.caps(), self.source.is_remote());
+                self.source.health.set_timeout(t)
+            }
             Live::Online(true) => return self.reconnect(true),
             Live::Online(false) => self.source.health.go_offline("switched off by hand", true),
             Live::FetchWindow(v) => tun.window.store(v, Relaxed),

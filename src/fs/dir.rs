@@ -44,7 +44,7 @@ impl CachingFs {
         let generation = self.namespace_generation();
         let path = path.to_path_buf();
         // Kept for fstat of the open directory once its name is gone.
-        let fd = if self.source.is_object() {
+        let fd = if !self.caps().descriptors {
             None
         } else {
             let fd = self

@@ -16,7 +16,7 @@ use super::Inode;
 use super::{CachingFs, FileState, Handle, Result, errno, now_millis};
 use crate::fetch::{End, FileFetch, Flight, SourceFd, Step};
 use crate::fetch_pool::Job;
-use crate::object_tree::SourceReader;
+use crate::source::SourceReader;
 use crate::source::read_full;
 use crate::stats::Stats;
 
@@ -270,10 +270,10 @@ impl CachingFs {
     }
 
     /// The uncached path: straight from the source.
-    /// Bytes fetched per source read: `PIECE`, or the whole chunk on an object store
-    /// (one GET each).
+    /// Bytes fetched per source read: `PIECE`, or the whole chunk where each read is a
+    /// request of its own (an object store's GET).
     fn piece_size(&self, chunk_size: u64) -> u64 {
-        if self.source.is_object() {
+        if self.caps().reads_by_request {
             chunk_size
         } else {
             crate::fetch::PIECE
@@ -309,7 +309,7 @@ impl CachingFs {
     /// file being written would see it; never another file that took its name.
     fn read_own_file(&self, h: &Handle, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
         let eio = || std::io::Error::from_raw_os_error(libc::EIO);
-        let path = h.inode.path().filter(|_| !self.source.is_object());
+        let path = h.inode.path().filter(|_| self.caps().descriptors);
         let f = self
             .source
             .open_file(&path.ok_or_else(eio)?, libc::O_RDONLY)?;

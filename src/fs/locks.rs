@@ -11,8 +11,9 @@ use super::{CachingFs, Result, errno};
 
 impl CachingFs {
     fn lock_file(&self, id: u64, owner: u64, fh: u64) -> Result<File> {
-        if self.source.is_object() {
-            // No locks in an object store: the kernel keeps them, local to this machine.
+        if !self.caps().posix_locks {
+            // No locks at the source (an object store): the kernel keeps them, local to this
+            // machine.
             return Err(Errno::ENOSYS);
         }
         let mut locks = self.locks.lock().unwrap();

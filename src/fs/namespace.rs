@@ -117,7 +117,7 @@ impl CachingFs {
         if self.offline_change()? {
             return self.offline_mkdir(parent, name, mode, uid, gid);
         }
-        if self.source.is_object() {
+        if !self.caps().in_place_writes {
             return self.object_mkdir(parent, name, mode, uid, gid);
         }
         let dir = self.path_of(parent)?;
@@ -199,7 +199,9 @@ impl CachingFs {
         &self,
         inode: Option<&'a Inode>,
     ) -> Option<MutexGuard<'a, Option<FileState>>> {
-        inode.filter(|_| self.source.is_object()).map(|i| i.file())
+        inode
+            .filter(|_| !self.caps().in_place_writes)
+            .map(|i| i.file())
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
@@ -241,7 +243,7 @@ impl CachingFs {
             .and_then(|b| self.find_inode(&from, b))
             .map(|i| i.own_change());
         let inode = (before.as_ref())
-            .filter(|_| self.source.is_object())
+            .filter(|_| !self.caps().in_place_writes)
             .and_then(|b| self.find_inode(&from, b));
         let uploads_held = self.hold_uploads(inode.as_deref());
         self.source.rename(&from, &to, flags).map_err(errno)?;

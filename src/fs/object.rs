@@ -94,7 +94,7 @@ impl CachingFs {
         let mtime = time_of(state.record.identity.mtime);
         let after = self
             .source
-            .object_upload(&path, &files.data, keep, mtime)
+            .upload(&path, &files.data, keep, mtime)
             .map_err(|e| {
                 tracing::warn!(?path, "upload failed: {e}");
                 errno(e)
@@ -142,7 +142,7 @@ impl CachingFs {
         };
         let st = self
             .source
-            .object_upload(&path, &files.data, Some(keep), SystemTime::now())
+            .upload(&path, &files.data, Some(keep), SystemTime::now())
             .map_err(errno)?;
         self.listing_changed(&dir);
         let inode = self.inodes.lookup(parent, &path, &st);
@@ -227,10 +227,7 @@ impl CachingFs {
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         let owner = self.new_owner(&dir, uid, gid)?;
-        let st = self
-            .source
-            .object_mkdir(&path, mode, owner)
-            .map_err(errno)?;
+        let st = self.source.mkdir_owned(&path, mode, owner).map_err(errno)?;
         self.listing_changed(&dir);
         let inode = self.inodes.lookup(parent, &path, &st);
         Ok(attr_of(inode.id, &st))
@@ -264,7 +261,7 @@ impl CachingFs {
             || meta.gid.is_some()
             || meta.mtime.is_some()
         {
-            self.source.object_set_attr(&path, &meta).map_err(errno)?
+            self.source.rewrite_attr(&path, &meta).map_err(errno)?
         } else {
             self.source.stat(&path).map_err(errno)?
         };
@@ -315,7 +312,7 @@ impl CachingFs {
     /// A file with writes not yet uploaded: the mount shows the cache's size and mtime,
     /// not the store's older object.
     pub(super) fn pending_attr(&self, id: u64, st: &mut Stat) {
-        if !self.source.is_object() || !st.is_file() {
+        if self.caps().in_place_writes || !st.is_file() {
             return;
         }
         let Ok(inode) = self.inode(id) else { return };

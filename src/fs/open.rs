@@ -44,7 +44,7 @@ impl CachingFs {
         if self.offline_change()? {
             return self.offline_create(parent, name, mode, flags, uid, gid);
         }
-        if self.source.is_object() {
+        if !self.caps().in_place_writes {
             return self.object_create(parent, name, mode, flags, uid, gid);
         }
         let dir = self.path_of(parent)?;
@@ -235,7 +235,7 @@ impl CachingFs {
         self.ensure_listed(path.parent().unwrap_or(Path::new("")));
         // Just before the look at the source: the version it shows was current then.
         let mut looked_at = Instant::now();
-        let looked = if self.source.is_object() {
+        let looked = if !self.caps().descriptors {
             self.source.stat(&path).map(|st| (None, st))
         } else {
             self.source
@@ -383,7 +383,7 @@ impl CachingFs {
             }
         }
         let state = guard.as_mut().unwrap();
-        if writable && self.source.is_object() {
+        if writable && !self.caps().in_place_writes {
             if let Err(e) = self.object_prepare_write(state, &path, flags) {
                 self.release_if_unused(&inode, &mut guard);
                 return Err(e);
@@ -408,7 +408,6 @@ impl CachingFs {
             let opened = opened.and_then(|f| {
                 let raced = !writable
                     && self.stale_check()
-                    && !self.source.is_object()
                     && self.identity(&fstat(f.as_fd())?) != self.identity(&st);
                 if raced {
                     return Err(io::Error::from_raw_os_error(libc::ESTALE));

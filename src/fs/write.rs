@@ -260,7 +260,7 @@ impl CachingFs {
     /// SEEK_DATA / SEEK_HOLE answered by the source, which knows its holes.
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
         let h = self.handle(fh)?;
-        if self.source.is_object() {
+        if !self.caps().seek_data {
             // The kernel then seeks by itself (no holes to report): `fuse_lseek`.
             return Err(Errno::ENOSYS);
         }

@@ -413,7 +413,7 @@ impl CachingFs {
 /// `rename`, where `RENAME_NOREPLACE` also works on sources without `renameat2` flags
 /// (FUSE sources such as sshfs and bindfs answer `EINVAL`): there a hard link stands in
 /// (it never replaces), or, where links are not supported either, a check just before.
-fn rename(r: &crate::source::BeneathRoot, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+fn rename(r: &dyn crate::source::SourceTree, from: &Path, to: &Path, flags: u32) -> io::Result<()> {
     match r.rename(from, to, flags) {
         Err(e) if flags == libc::RENAME_NOREPLACE && os_errno(&e) == Some(libc::EINVAL) => {
             match r.link(from, to) {
