@@ -32,6 +32,7 @@ mod dir;
 mod entry;
 mod evict;
 mod fetch;
+mod lock_waits;
 mod locks;
 mod namespace;
 mod object;
@@ -43,6 +44,7 @@ mod write;
 pub use changes::spawn_coherence_threads;
 pub use commit::spawn_committer;
 pub use fetch::spawn_fetch_workers;
+pub use lock_waits::{Answer, LockRequest};
 
 use crate::cache::source_info::SourceInfo;
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
@@ -206,6 +208,9 @@ pub struct CachingFs {
     offline_edits: Mutex<()>,
     /// Files closed with fills or writes waiting for one sync of the cache (`fs/commit.rs`).
     commits: commit::GroupCommit,
+    /// Blocking lock requests and the pool of threads that waits for them
+    /// (`fs/lock_waits.rs`).
+    lock_waits: lock_waits::LockWaits,
 }
 
 /// Longest wait for the source's root at start: a dead network mount can hang any call
@@ -220,13 +225,17 @@ fn open_source(
 ) -> std::result::Result<(BeneathRoot, SourceInfo), String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let p = path.to_path_buf();
-    std::thread::spawn(move || {
-        let r = BeneathRoot::open(&p).and_then(|root| {
-            let info = SourceInfo::of(root.root_fd())?;
-            Ok((root, info))
-        });
-        let _ = tx.send(r);
-    });
+    // Not owned: one that outlives its wait is stuck in a hung source and stays detached.
+    std::thread::Builder::new()
+        .name("source-open".into())
+        .spawn(move || {
+            let r = BeneathRoot::open(&p).and_then(|root| {
+                let info = SourceInfo::of(root.root_fd())?;
+                Ok((root, info))
+            });
+            let _ = tx.send(r);
+        })
+        .map_err(|e| e.to_string())?;
     let (root, info) = match rx.recv_timeout(SOURCE_OPEN_WAIT) {
         Ok(Ok(opened)) => opened,
         Ok(Err(e)) => return Err(e.to_string()),
@@ -463,6 +472,7 @@ impl CachingFs {
             offline_writers: AtomicU64::new(0),
             offline_edits: Mutex::new(()),
             commits: Default::default(),
+            lock_waits: Default::default(),
             cfg,
         })
     }
@@ -600,7 +610,7 @@ impl CachingFs {
 
     /// Starts the source probe; when the mount comes back online, everything the kernel
     /// and the open files hold is revalidated (the source may have changed meanwhile).
-    pub fn spawn_health_probe(self: &Arc<Self>) -> io::Result<()> {
+    pub fn spawn_health_probe(self: &Arc<Self>) -> io::Result<crate::threads::Threads> {
         let weak = Arc::downgrade(self);
         self.source.health.set_on_switch(move |online| {
             if online && let Some(fs) = weak.upgrade() {
@@ -615,6 +625,11 @@ impl CachingFs {
                 None => Ok(()),
             });
         crate::health::spawn_probe(self.source.clone())
+    }
+
+    /// Stops the source workers at shutdown (`run.rs`), waiting until `deadline`.
+    pub fn stop_source_workers(&self, deadline: std::time::Instant) {
+        self.source.stop_workers(deadline);
     }
 
     /// Watches the root directory, whose entries the kernel learns first.

@@ -13,7 +13,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::fs::CachingFs;
+use crate::fs::{CachingFs, LockRequest};
 use crate::source::{SetAttr, TimeSpec};
 use crate::stats::Op;
 
@@ -583,7 +583,7 @@ impl Filesystem for FuseAdapter {
 
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
@@ -596,14 +596,19 @@ impl Filesystem for FuseAdapter {
     ) {
         let _timer = self.fs.stats.start(Op::Setlk);
         if sleep {
-            // A blocking lock may wait for a long time: never on a request thread.
-            let fs = self.fs.clone();
-            std::thread::spawn(move || {
-                Self::empty(
-                    reply,
-                    fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, true),
-                )
-            });
+            // A blocking lock may wait for a long time: never on a request thread, and
+            // on the bounded pool of lock waiters, not a thread each.
+            let lock = LockRequest {
+                id: ino.0,
+                fh: fh.0,
+                owner: lock_owner.0,
+                start,
+                end,
+                typ,
+                tid: req.pid(),
+            };
+            self.fs
+                .setlk_wait(lock, Box::new(move |r| Self::empty(reply, r)));
         } else {
             Self::empty(
                 reply,

@@ -35,4 +35,5 @@ pub mod run;
 pub mod sd_notify;
 pub mod source;
 pub mod stats;
+pub mod threads;
 pub mod warm;
