@@ -148,11 +148,13 @@ fn daemonize() -> anyhow::Result<OwnedFd> {
 /// `ready` is taken (written and closed) once the mount answers; the parent waits for EOF.
 fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow::Result<()> {
     let metrics = cfg.metrics_addr.map(crate::metrics::bind).transpose()?;
-    let (inval_tx, inval_rx) = mpsc::channel::<Notice>();
+    // `None` ends the invalidation thread's wait at shutdown.
+    let (inval_tx, inval_rx) = mpsc::channel::<Option<Notice>>();
+    let inval_wake = inval_tx.clone();
     let inval_tx = Mutex::new(inval_tx);
     let mut fs = CachingFs::new(cfg.clone(), store)?;
     fs.set_notifier(move |n| {
-        let _ = inval_tx.lock().unwrap().send(n);
+        let _ = inval_tx.lock().unwrap().send(Some(n));
     });
     let fs = Arc::new(fs);
 
@@ -212,13 +214,14 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     let mut unmount_on_error = UnmountOnError(Some(unmount.clone()));
 
     let daemon = Threads::new("daemon");
+    daemon.on_stop(move || drop(inval_wake.send(None)));
     let notifier = session.notifier();
     let table_fs = Arc::downgrade(&fs);
     daemon.spawn("invalidate", move |stop| {
         let mut next_tick = Instant::now();
         while !stop.is_set() {
             match inval_rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
-                Ok(Notice::Inode(id)) => {
+                Ok(Some(Notice::Inode(id))) => {
                     let inode = table_fs.upgrade().and_then(|fs| fs.inodes.get(id));
                     let version = inode.as_ref().map(|i| i.content_version());
                     match notifier.inval_inode(INodeNo(id), 0, 0) {
@@ -233,14 +236,14 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
                         }
                     }
                 }
-                Ok(Notice::Entry(parent, name)) => {
+                Ok(Some(Notice::Entry(parent, name))) => {
                     tracing::trace!("inval_entry({parent}, {name:?})");
                     if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
                         tracing::debug!("inval_entry({parent}, {name:?}): {e}");
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
             if Instant::now() < next_tick {
                 continue;
@@ -303,12 +306,14 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     crate::sd_notify::notify("STOPPING=1");
     let ended = Instant::now();
     let deadline = || (ended + STOP_WITHIN).max(Instant::now() + STEP_AT_LEAST);
+    let done = |step: &str| tracing::debug!(step, since_end = ?ended.elapsed(), "stopped");
     // 1. Requests.
     fs.stop_lock_waits(deadline());
     socket.stop(deadline());
     if let Some(m) = &metrics {
         m.stop_and_join(deadline());
     }
+    done("requests");
     // 2. Background work: all told first, so that their ends overlap.
     let background = [&daemon, &coherence, &cleaner, &probe];
     background.iter().for_each(|t| t.stop());
@@ -316,8 +321,10 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     for t in background {
         t.stop_and_join(step);
     }
+    done("background");
     // 3. Fetch workers.
     fetch_workers.stop_and_join(deadline());
+    done("fetch workers");
     // 4. Closed files' fills and writes still waiting for the group commit: on disk now,
     // so that the cache after a clean stop has clean records; on a thread, so that a
     // commit stuck behind a stuck fetch cannot hold the exit.
@@ -325,9 +332,10 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     let commit_fs = fs.clone();
     drain.spawn("commit-drain", move |_| commit_fs.stop_commits())?;
     drain.stop_and_join(deadline());
+    done("group commit");
     // 5. Source workers.
     fs.stop_source_workers(deadline());
-    tracing::debug!(took = ?ended.elapsed(), "threads stopped");
+    done("source workers");
     r.context("FUSE session failed")?;
     tracing::info!("unmounted");
     Ok(())

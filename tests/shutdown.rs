@@ -139,13 +139,18 @@ fn a_killed_lock_waiter_ends_while_the_lock_is_still_held() {
     );
 }
 
-/// Reads and writes small files through the mount until `stop` or an error (the mount
-/// gone); returns how many rounds it made.
-fn churn(dir: PathBuf, n: usize, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+/// Reads and writes `files` small files in turn through the mount until `stop` or an error
+/// (the mount gone); returns how many rounds it made.
+fn churn(
+    dir: PathBuf,
+    n: usize,
+    files: usize,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
     std::thread::spawn(move || {
         let mut rounds = 0;
         while !stop.load(SeqCst) {
-            let p = dir.join(format!("churn-{n}-{}", rounds % 8));
+            let p = dir.join(format!("churn-{n}-{}", rounds % files));
             if fs::write(&p, pattern(64 << 10, rounds as u64)).is_err() {
                 break;
             }
@@ -173,9 +178,10 @@ fn big_source(m: &TestMount) {
 fn the_daemon_exits_promptly_after_an_unmount_with_fetches_and_commits_pending() {
     let mut m = TestMount::new(&[]);
     big_source(&m);
+    // Many files closed with writes just before the unmount: much for the group commit.
     let stop = Arc::new(AtomicBool::new(false));
     let churners: Vec<_> = (0..4)
-        .map(|n| churn(m.mnt.clone(), n, stop.clone()))
+        .map(|n| churn(m.mnt.clone(), n, 200, stop.clone()))
         .collect();
     // A sequential reader starts prefetching the big file; it closes early, the workers
     // go on fetching ahead.
@@ -185,7 +191,7 @@ fn the_daemon_exits_promptly_after_an_unmount_with_fetches_and_commits_pending()
         std::io::Read::read_exact(&mut f, &mut buf).unwrap();
     }
     drop(f);
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, SeqCst);
     for c in churners {
         assert!(c.join().unwrap() > 0, "the load did nothing");
@@ -212,7 +218,7 @@ fn the_daemon_exits_promptly_after_a_forced_unmount_under_load() {
     fs::write(m.s("lockme"), b"x").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let churners: Vec<_> = (0..4)
-        .map(|n| churn(m.mnt.clone(), n, stop.clone()))
+        .map(|n| churn(m.mnt.clone(), n, 8, stop.clone()))
         .collect();
     // A fetch in progress: a reader of the big file, reading until the mount goes.
     let big = m.m("big");

@@ -254,7 +254,7 @@ impl CachingFs {
 }
 
 /// How long the coherence threads wait before they look at their stop signal again.
-const STOP_POLL: Duration = Duration::from_millis(200);
+const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// Starts the threads that feed `source_changed` (watcher) and `leases_expired`, and the
 /// relisting of changed offline listings, in the returned group.
