@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::CacheRecord;
 use crate::cache::store::Trees;
 use crate::source::BeneathRoot;
+use crate::threads::Threads;
 
 /// The pins file in the cache root.
 const PINS: &str = "pins";
@@ -578,43 +579,46 @@ const RESCAN_SOON: Duration = Duration::from_millis(200);
 /// Runs the cleaner on its own thread: a first scan at start (off the mount's critical
 /// path), then a pass whenever kicked, and a rescan every `RESCAN_MIN` (`RESCAN_SOON`
 /// after a scan that raced changes) or twenty times as long as the last scan took (so
-/// that a huge cache costs at most 5 % of one core), at most `period` apart.
+/// that a huge cache costs at most 5 % of one core), at most `period` apart. The thread
+/// is the returned group's; stopping it ends the thread after the pass in progress.
 pub fn spawn(
     trees: Trees,
     pins: Arc<Pins>,
     usage: Arc<Usage>,
     fs: Arc<dyn EvictTarget>,
     period: Duration,
-) -> std::io::Result<()> {
+) -> std::io::Result<Threads> {
     let (tx, rx): (Sender<Option<u64>>, Receiver<Option<u64>>) = std::sync::mpsc::channel();
     *usage.kick.lock().unwrap() = Some(tx);
-    std::thread::Builder::new()
-        .name("cleaner".into())
-        .spawn(move || {
-            let mut target = None;
-            loop {
-                let started = std::time::Instant::now();
-                clean_once(&trees, &pins, &usage, target.take(), fs.as_ref());
-                let least = if usage.rescan_soon.swap(false, Relaxed) {
-                    RESCAN_SOON
-                } else {
-                    RESCAN_MIN
-                };
-                let wait = (started.elapsed() * 20).max(least).min(period);
-                match rx.recv_timeout(wait) {
-                    Ok(t) => {
-                        target = t;
-                        // Coalesce a burst of kicks into one pass.
-                        while let Ok(t2) = rx.try_recv() {
-                            target = t2.or(target);
-                        }
+    let threads = Threads::new("cleaner");
+    // The kick channel's only sender goes: the thread's wait ends at once.
+    let kick = usage.clone();
+    threads.on_stop(move || drop(kick.kick.lock().unwrap().take()));
+    threads.spawn("cleaner", move |stop| {
+        let mut target = None;
+        while !stop.is_set() {
+            let started = std::time::Instant::now();
+            clean_once(&trees, &pins, &usage, target.take(), fs.as_ref());
+            let least = if usage.rescan_soon.swap(false, Relaxed) {
+                RESCAN_SOON
+            } else {
+                RESCAN_MIN
+            };
+            let wait = (started.elapsed() * 20).max(least).min(period);
+            match rx.recv_timeout(wait) {
+                Ok(t) => {
+                    target = t;
+                    // Coalesce a burst of kicks into one pass.
+                    while let Ok(t2) = rx.try_recv() {
+                        target = t2.or(target);
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return,
                 }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
             }
-        })?;
-    Ok(())
+        }
+    })?;
+    Ok(threads)
 }
 
 #[cfg(test)]

@@ -349,6 +349,23 @@ impl Watcher {
         }
     }
 
+    /// Waits at most `timeout` for events; whether some came.
+    pub fn wait_readable(&self, timeout: Duration) -> std::io::Result<bool> {
+        let mut pfd = [rustix::event::PollFd::new(
+            &self.fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let ts = rustix::event::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
+        match rustix::event::poll(&mut pfd, Some(&ts)) {
+            Ok(n) => Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Blocks for the next batch of events: the changed names (deduplicated, renames
     /// paired), directories changed themselves, and whether the queue overflowed.
     pub fn next_batch(&self, counters: &Counters) -> std::io::Result<Batch> {

@@ -315,12 +315,16 @@ fn canonical_source(p: &Path) -> Result<PathBuf, ConfigError> {
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let q = p.to_path_buf();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::fs::canonicalize(&q).map(|c| {
-            let dir = c.is_dir();
-            (c, dir)
-        }));
-    });
+    // Not owned: one that outlives its wait is stuck in a hung source and stays detached.
+    std::thread::Builder::new()
+        .name("canonicalize".into())
+        .spawn(move || {
+            let _ = tx.send(std::fs::canonicalize(&q).map(|c| {
+                let dir = c.is_dir();
+                (c, dir)
+            }));
+        })
+        .map_err(|e| err(e.to_string()))?;
     let unreachable = |why: String| {
         tracing::warn!("the source {} does not answer ({why})", p.display());
         std::path::absolute(p).map_err(|e| err(e.to_string()))

@@ -14,6 +14,7 @@ use anyhow::{Context, bail};
 use crate::mounts::HoardfsMount;
 use crate::options::Live;
 use crate::stats::Snapshot;
+use crate::threads::Threads;
 
 /// The socket directory of this process's user: root's is shared by root's mounts,
 /// readable by all (anyone may read counters) and writable by root alone; a user's is in
@@ -232,6 +233,8 @@ fn remove_dead_sockets(dir: &Path) {
 pub struct BoundSocket {
     path: PathBuf,
     inode: (u64, u64),
+    /// The thread answering on it.
+    threads: Threads,
 }
 
 impl BoundSocket {
@@ -239,7 +242,10 @@ impl BoundSocket {
         &self.path
     }
 
-    pub fn remove(self) {
+    /// Stops answering (the request in progress, if any, is answered first, until
+    /// `deadline`) and removes the socket.
+    pub fn stop(self, deadline: std::time::Instant) {
+        self.threads.stop_and_join(deadline);
         if let Ok(st) = rustix::fs::lstat(&self.path)
             && (st.st_dev, st.st_ino) == self.inode
         {
@@ -249,7 +255,7 @@ impl BoundSocket {
 }
 
 /// Binds the control socket of the mount at `mountpoint` (made by this process) and serves
-/// control requests on a thread of its own until the process exits.
+/// control requests on a thread of its own until `BoundSocket::stop`.
 pub fn serve(
     mountpoint: &Path,
     handler: std::sync::Arc<dyn Handler>,
@@ -295,34 +301,39 @@ pub fn serve(
         .with_context(|| format!("cannot chmod {}", path.display()))?;
     let st = rustix::fs::lstat(&path)?;
     drop(turn);
-    let bound = BoundSocket {
+    let threads = Threads::new("control");
+    // A connection of our own ends the thread's wait in accept.
+    let wake = path.clone();
+    threads.on_stop(move || drop(UnixStream::connect(wake)));
+    let owner = rustix::process::geteuid().as_raw();
+    threads.spawn("control", move |stop| {
+        for conn in listener.incoming() {
+            if stop.is_set() {
+                return;
+            }
+            let Ok(conn) = conn else { continue };
+            let Ok(uid) = peer_uid(&conn) else { continue };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut line = String::new();
+            let mut reader = BufReader::new(&conn);
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let reply = answer(
+                handler.as_ref(),
+                line.trim_end_matches('\n'),
+                Peer { uid },
+                owner,
+            );
+            let mut w = &conn;
+            let _ = writeln!(w, "{reply}");
+        }
+    })?;
+    Ok(BoundSocket {
         path,
         inode: (st.st_dev, st.st_ino),
-    };
-    let owner = rustix::process::geteuid().as_raw();
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let Ok(uid) = peer_uid(&conn) else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut line = String::new();
-                let mut reader = BufReader::new(&conn);
-                if reader.read_line(&mut line).is_err() {
-                    continue;
-                }
-                let reply = answer(
-                    handler.as_ref(),
-                    line.trim_end_matches('\n'),
-                    Peer { uid },
-                    owner,
-                );
-                let mut w = &conn;
-                let _ = writeln!(w, "{reply}");
-            }
-        })?;
-    Ok(bound)
+        threads,
+    })
 }
 
 /// Connects to the daemon of `mount`, checking that the socket is served by root or by the

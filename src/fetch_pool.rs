@@ -89,6 +89,8 @@ pub struct FetchTunables {
 pub struct Fetcher<N> {
     queue: Mutex<VecDeque<Task<N>>>,
     cv: Condvar,
+    /// Set at shutdown: `pop` answers `None` from then on.
+    closed: std::sync::atomic::AtomicBool,
     /// Workers started (0 in a `CachingFs` without them: readers then fetch everything).
     pub workers: AtomicUsize,
     /// Bytes of the jobs queued or running.
@@ -113,6 +115,7 @@ impl<N> Fetcher<N> {
         Fetcher {
             queue: Mutex::default(),
             cv: Condvar::new(),
+            closed: Default::default(),
             workers: AtomicUsize::new(0),
             queued_bytes: AtomicU64::new(0),
             tun: FetchTunables {
@@ -210,15 +213,26 @@ impl<N> Fetcher<N> {
         true
     }
 
-    /// The next job (blocks).
-    pub fn pop(&self) -> Task<N> {
+    /// The next job (blocks); `None` once closed.
+    pub fn pop(&self) -> Option<Task<N>> {
         let mut q = self.queue.lock().unwrap();
         loop {
+            if self.closed.load(Relaxed) {
+                return None;
+            }
             if let Some(j) = q.pop_front() {
-                return j;
+                return Some(j);
             }
             q = self.cv.wait(q).unwrap();
         }
+    }
+
+    /// Ends the workers' waits at shutdown: jobs still queued are never run (a fetch is
+    /// an optimisation; what it would have filled stays absent).
+    pub fn close(&self) {
+        let _q = self.queue.lock().unwrap();
+        self.closed.store(true, Relaxed);
+        self.cv.notify_all();
     }
 
     /// A job taken by `pop` is over.

@@ -46,6 +46,7 @@ mod dir;
 mod entry;
 mod evict;
 mod fetch;
+mod lock_waits;
 mod locks;
 mod namespace;
 mod object;
@@ -57,6 +58,7 @@ mod write;
 pub use changes::spawn_coherence_threads;
 pub use commit::spawn_committer;
 pub use fetch::spawn_fetch_workers;
+pub use lock_waits::{Answer, LockRequest};
 
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::{Limits, Pins, Usage};
@@ -215,6 +217,9 @@ pub struct CachingFs {
     offline_edits: Mutex<()>,
     /// Files closed with fills or writes waiting for one sync of the cache (`fs/commit.rs`).
     commits: commit::GroupCommit,
+    /// Blocking lock requests and the pool of threads that waits for them
+    /// (`fs/lock_waits.rs`).
+    lock_waits: lock_waits::LockWaits,
 }
 
 fn kind_of(mode: u32) -> FileType {
@@ -349,6 +354,7 @@ impl CachingFs {
             offline_writers: AtomicU64::new(0),
             offline_edits: Mutex::new(()),
             commits: Default::default(),
+            lock_waits: Default::default(),
             cfg,
         })
     }
@@ -487,7 +493,7 @@ impl CachingFs {
 
     /// Starts the source probe; when the mount comes back online, everything the kernel
     /// and the open files hold is revalidated (the source may have changed meanwhile).
-    pub fn spawn_health_probe(self: &Arc<Self>) -> io::Result<()> {
+    pub fn spawn_health_probe(self: &Arc<Self>) -> io::Result<crate::threads::Threads> {
         let weak = Arc::downgrade(self);
         self.source.health.set_on_switch(move |online| {
             if online && let Some(fs) = weak.upgrade() {
@@ -502,6 +508,11 @@ impl CachingFs {
                 None => Ok(()),
             });
         crate::health::spawn_probe(self.source.clone())
+    }
+
+    /// Stops the source workers at shutdown (`run.rs`), waiting until `deadline`.
+    pub fn stop_source_workers(&self, deadline: std::time::Instant) {
+        self.source.stop_workers(deadline);
     }
 
     /// Watches the root directory, whose entries the kernel learns first.

@@ -13,7 +13,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::fs::CachingFs;
+use crate::fs::{CachingFs, LockRequest};
 use crate::source::{SetAttr, TimeSpec};
 use crate::stats::{Op, OpTimer, Stats, errno_name};
 
@@ -655,14 +655,25 @@ impl Filesystem for FuseAdapter {
     ) {
         let call = self.call(Op::Setlk, req);
         if sleep {
-            // A blocking lock may wait for a long time: never on a request thread.
+            // A blocking lock may wait for a long time: never on a request thread, and
+            // on the bounded pool of lock waiters, not a thread each.
+            let lock = LockRequest {
+                id: ino.0,
+                fh: fh.0,
+                owner: lock_owner.0,
+                start,
+                end,
+                typ,
+                tid: req.pid(),
+            };
             let fs = self.fs.clone();
-            std::thread::spawn(move || {
-                match fs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, true) {
+            self.fs.setlk_wait(
+                lock,
+                Box::new(move |r| match r {
                     Ok(()) => reply.ok(),
                     Err(e) => reply.error(failed_elsewhere(&fs.stats, Op::Setlk, e)),
-                }
-            });
+                }),
+            );
         } else {
             Self::empty(
                 &call,

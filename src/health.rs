@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::source_info::SourceInfo;
 use crate::source::{Capabilities, SourceTree};
+use crate::threads::Threads;
 
 mod calls;
 mod open;
@@ -220,13 +221,13 @@ impl Health {
         }
     }
 
-    /// Waits until the next probe is due.
-    fn wait_probe(&self) {
-        std::thread::sleep(if self.online() {
+    /// How long until the next probe.
+    fn probe_interval(&self) -> Duration {
+        if self.online() {
             PROBE_ONLINE
         } else {
             PROBE_OFFLINE
-        });
+        }
     }
 }
 
@@ -246,6 +247,8 @@ pub struct GuardedSource {
     remote: bool,
     pub health: Arc<Health>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// The source workers, started with the first timed call.
+    workers: Threads,
 }
 
 impl GuardedSource {
@@ -257,6 +260,7 @@ impl GuardedSource {
             remote: info.remote,
             health,
             jobs: Mutex::new(None),
+            workers: Threads::new("source workers"),
         }
     }
 
@@ -274,26 +278,36 @@ impl GuardedSource {
 
     fn submit(&self, job: Job) {
         let mut jobs = self.jobs.lock().unwrap();
+        if self.workers.stop_signal().is_set() {
+            return; // stopped: the caller's wait ends as for a lost call
+        }
         let tx = jobs.get_or_insert_with(|| {
             let (tx, rx) = mpsc::channel::<Job>();
             let rx = Arc::new(Mutex::new(rx));
             for i in 0..WORKERS {
                 let rx = rx.clone();
-                let _ = std::thread::Builder::new()
-                    .name(format!("source-{i}"))
-                    .spawn(move || {
-                        loop {
-                            let job = match rx.lock().unwrap().recv() {
-                                Ok(j) => j,
-                                Err(_) => return,
-                            };
-                            job();
-                        }
-                    });
+                let _ = self.workers.spawn(format!("source-{i}"), move |_| {
+                    loop {
+                        let job = match rx.lock().unwrap().recv() {
+                            Ok(j) => j,
+                            Err(_) => return,
+                        };
+                        job();
+                    }
+                });
             }
             tx
         });
         let _ = tx.send(job);
+    }
+
+    /// Stops the source workers at shutdown: the queue closes, the calls running end
+    /// until `deadline`; workers stuck in a hung call are left behind.
+    pub fn stop_workers(&self, deadline: std::time::Instant) {
+        let jobs = self.jobs.lock().unwrap().take();
+        self.workers.stop();
+        drop(jobs);
+        self.workers.stop_and_join(deadline);
     }
 
     /// Runs `f` against the source: inline without a timeout, else on a source worker,
@@ -395,30 +409,29 @@ impl GuardedSource {
     }
 }
 
-/// Starts the probe thread: offline mounts come back when the source answers; online ones
-/// go offline when it does not (or its path now leads elsewhere).
-pub fn spawn_probe(src: Arc<GuardedSource>) -> io::Result<()> {
-    std::thread::Builder::new()
-        .name("source-probe".into())
-        .spawn(move || {
-            loop {
-                src.health.wait_probe();
-                match src.probe() {
-                    Ok(()) => {
-                        if let Err(e) = src.health.reconnect(false) {
-                            tracing::debug!("staying offline: {e}");
-                        }
+/// Starts the probe thread, in the returned group: offline mounts come back when the
+/// source answers; online ones go offline when it does not (or its path now leads
+/// elsewhere).
+pub fn spawn_probe(src: Arc<GuardedSource>) -> io::Result<Threads> {
+    let threads = Threads::new("source probe");
+    threads.spawn("source-probe", move |stop| {
+        while stop.sleep(src.health.probe_interval()) {
+            match src.probe() {
+                Ok(()) => {
+                    if let Err(e) = src.health.reconnect(false) {
+                        tracing::debug!("staying offline: {e}");
                     }
-                    Err(e) => {
-                        if src.health.online() {
-                            src.health
-                                .go_offline(&format!("source probe failed: {e}"), false);
-                        }
+                }
+                Err(e) => {
+                    if src.health.online() {
+                        src.health
+                            .go_offline(&format!("source probe failed: {e}"), false);
                     }
                 }
             }
-        })?;
-    Ok(())
+        }
+    })?;
+    Ok(threads)
 }
 
 #[cfg(test)]

@@ -33,4 +33,5 @@ pub mod sd_notify;
 pub mod source;
 pub mod stats;
 pub mod sync;
+pub mod threads;
 pub mod warm;

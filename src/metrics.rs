@@ -26,6 +26,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::stats::{CacheSnapshot, LATENCY_BUCKETS, Op, Snapshot, Stats, errno_name};
+use crate::threads::Threads;
 
 /// What the endpoint reads on each scrape.
 pub trait Source: Send + Sync + 'static {
@@ -52,22 +53,30 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).with_context(|| format!("cannot listen for metrics on {addr}"))
 }
 
-/// Serves scrapes on a thread until the process exits; returns the bound address.
-pub fn serve(listener: TcpListener, source: Arc<dyn Source>) -> anyhow::Result<SocketAddr> {
+/// Serves scrapes on a thread of the returned group until it stops; returns the bound
+/// address too.
+pub fn serve(
+    listener: TcpListener,
+    source: Arc<dyn Source>,
+) -> anyhow::Result<(SocketAddr, Threads)> {
     let bound = listener.local_addr()?;
     let registry = registry(source);
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                if let Err(e) = answer(conn, &registry) {
-                    tracing::debug!("metrics request: {e}");
-                }
+    let threads = Threads::new("metrics");
+    // A connection of our own ends the thread's wait in accept.
+    threads.on_stop(move || drop(TcpStream::connect_timeout(&bound, IO_TIMEOUT)));
+    threads.spawn("metrics", move |stop| {
+        for conn in listener.incoming() {
+            if stop.is_set() {
+                return;
             }
-        })?;
+            let Ok(conn) = conn else { continue };
+            if let Err(e) = answer(conn, &registry) {
+                tracing::debug!("metrics request: {e}");
+            }
+        }
+    })?;
     tracing::info!(%bound, "serving metrics");
-    Ok(bound)
+    Ok((bound, threads))
 }
 
 fn answer(mut conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
@@ -628,7 +637,7 @@ mod tests {
     fn the_endpoint_answers_http() {
         let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let source = Arc::new(Fixed(Snapshot::default(), Stats::default()));
-        let addr = serve(listener, source).unwrap();
+        let (addr, _threads) = serve(listener, source).unwrap();
         let get = |req: &str| {
             let mut c = TcpStream::connect(addr).unwrap();
             c.write_all(req.as_bytes()).unwrap();

@@ -1,4 +1,23 @@
 //! Wiring: validates the configuration, daemonizes, mounts, and serves until unmounted.
+//!
+//! Shutdown. Every long-lived thread belongs to a [`Threads`] group of the component that
+//! started it. Once the session ends (unmounted, or the connection aborted), the groups
+//! stop in this order, each joined until a shared deadline (`STOP_WITHIN` after the
+//! session's end; a later step gets at least `STEP_AT_LEAST`), so that the daemon exits
+//! within about 1.5 s of an unmount even with threads stuck in a hung source:
+//!
+//! 1. requests: the lock waiter pool (its waiters' connection is gone), the control
+//!    socket (no more `hoardfs` commands), the metrics endpoint;
+//! 2. background work: signals, invalidation and sd-status (this module), the watcher,
+//!    leases and relisting, the cleaner, the source probe;
+//! 3. the fetch workers: the queue closes, each ends after its job in progress, so that
+//!    what they fetched is in the commit that follows;
+//! 4. the group commit drains: closed files' fills and writes on disk, records clean;
+//! 5. the source workers: last, as every step above may still call the source.
+//!
+//! A thread not done by then is detached with a warning naming it, and the process exits
+//! without it: a hung source call ends with the process. A commit cut short leaves the
+//! records as a crash would (crash rules: they claim no more than is on disk).
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -13,9 +32,14 @@ use crate::coherence::Notice;
 use crate::config::Config;
 use crate::fs::CachingFs;
 use crate::fuse_adapter::FuseAdapter;
+use crate::threads::Threads;
 
 /// How often the inode table frees aged entries and checks its soft maximum.
 const TABLE_TICK: Duration = Duration::from_millis(200);
+/// How long after the session's end the shutdown's joins may take in all (see the module
+/// header), and the least each step gets however long those before it took.
+const STOP_WITHIN: Duration = Duration::from_millis(1200);
+const STEP_AT_LEAST: Duration = Duration::from_millis(100);
 
 /// Mounts and serves. Without `foreground`, returns in the parent once the mount is ready
 /// (exit status tells whether it is), while a detached child serves it.
@@ -124,12 +148,14 @@ fn daemonize() -> anyhow::Result<OwnedFd> {
 /// `ready` is taken (written and closed) once the mount answers; the parent waits for EOF.
 fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow::Result<()> {
     let metrics = cfg.metrics_addr.map(crate::metrics::bind).transpose()?;
-    let (inval_tx, inval_rx) = mpsc::channel::<Notice>();
+    // `None` ends the invalidation thread's wait at shutdown.
+    let (inval_tx, inval_rx) = mpsc::channel::<Option<Notice>>();
+    let inval_wake = inval_tx.clone();
     let inval_tx = Mutex::new(inval_tx);
     let source = crate::health::open_source(&cfg, &store)?;
     let mut fs = CachingFs::new(cfg.clone(), store, source)?;
     fs.set_notifier(move |n| {
-        let _ = inval_tx.lock().unwrap().send(n);
+        let _ = inval_tx.lock().unwrap().send(Some(n));
     });
     let fs = Arc::new(fs);
 
@@ -188,71 +214,71 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     let unmount = Arc::new(Mutex::new(unmount));
     let mut unmount_on_error = UnmountOnError(Some(unmount.clone()));
 
+    let daemon = Threads::new("daemon");
+    daemon.on_stop(move || drop(inval_wake.send(None)));
     let notifier = session.notifier();
     let table_fs = Arc::downgrade(&fs);
-    std::thread::Builder::new()
-        .name("invalidate".into())
-        .spawn(move || {
-            let mut next_tick = Instant::now();
-            loop {
-                match inval_rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
-                    Ok(Notice::Inode(id)) => {
-                        let inode = table_fs.upgrade().and_then(|fs| fs.inodes.get(id));
-                        let version = inode.as_ref().map(|i| i.content_version());
-                        match notifier.inval_inode(INodeNo(id), 0, 0) {
-                            // (ENOENT: the kernel has no such node, so no pages of it.)
-                            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
-                                tracing::debug!("inval_inode({id}): {e}");
-                            }
-                            _ => {
-                                if let (Some(inode), Some(v)) = (inode, version) {
-                                    inode.pages_dropped(v);
-                                }
+    daemon.spawn("invalidate", move |stop| {
+        let mut next_tick = Instant::now();
+        while !stop.is_set() {
+            match inval_rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+                Ok(Some(Notice::Inode(id))) => {
+                    let inode = table_fs.upgrade().and_then(|fs| fs.inodes.get(id));
+                    let version = inode.as_ref().map(|i| i.content_version());
+                    match notifier.inval_inode(INodeNo(id), 0, 0) {
+                        // (ENOENT: the kernel has no such node, so no pages of it.)
+                        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                            tracing::debug!("inval_inode({id}): {e}");
+                        }
+                        _ => {
+                            if let (Some(inode), Some(v)) = (inode, version) {
+                                inode.pages_dropped(v);
                             }
                         }
                     }
-                    Ok(Notice::Entry(parent, name)) => {
-                        tracing::trace!("inval_entry({parent}, {name:?})");
-                        if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
-                            tracing::debug!("inval_entry({parent}, {name:?}): {e}");
-                        }
-                    }
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
-                if Instant::now() < next_tick {
-                    continue;
-                }
-                next_tick = Instant::now() + TABLE_TICK;
-                let Some(fs) = table_fs.upgrade() else { return };
-                if let Some(w) = &fs.coherence.watcher {
-                    w.prune(|id| fs.inodes.get(id).is_some());
-                }
-                for (parent, name) in fs.inodes.maintain() {
+                Ok(Some(Notice::Entry(parent, name))) => {
+                    tracing::trace!("inval_entry({parent}, {name:?})");
                     if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
                         tracing::debug!("inval_entry({parent}, {name:?}): {e}");
                     }
                 }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
-        })?;
+            if Instant::now() < next_tick {
+                continue;
+            }
+            next_tick = Instant::now() + TABLE_TICK;
+            let Some(fs) = table_fs.upgrade() else { return };
+            if let Some(w) = &fs.coherence.watcher {
+                w.prune(|id| fs.inodes.get(id).is_some());
+            }
+            for (parent, name) in fs.inodes.maintain() {
+                if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
+                    tracing::debug!("inval_entry({parent}, {name:?}): {e}");
+                }
+            }
+        }
+    })?;
 
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                tracing::info!("signal {sig}: unmounting");
-                crate::sd_notify::notify("STOPPING=1");
-                (unmount.lock().unwrap())();
-            }
-        })?;
+    let signals_handle = signals.handle();
+    daemon.on_stop(move || signals_handle.close());
+    daemon.spawn("signals", move |_| {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!("signal {sig}: unmounting");
+            crate::sd_notify::notify("STOPPING=1");
+            (unmount.lock().unwrap())();
+        }
+    })?;
 
     fs.usage.chunked_above.store(
         cfg.whole_file_threshold,
         std::sync::atomic::Ordering::Relaxed,
     );
     fs.usage.set_limits(Some(CachingFs::initial_limits(&cfg)?));
-    crate::cleaner::spawn(
+    let cleaner = crate::cleaner::spawn(
         fs.cache.trees(),
         fs.pins.clone(),
         fs.usage.clone(),
@@ -260,28 +286,57 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         std::time::Duration::from_secs(300),
     )?;
     fs.watch_root();
-    fs.spawn_health_probe()?;
-    crate::fs::spawn_coherence_threads(&fs)?;
-    crate::fs::spawn_fetch_workers(&fs)?;
+    let probe = fs.spawn_health_probe()?;
+    let coherence = crate::fs::spawn_coherence_threads(&fs)?;
+    let fetch_workers = crate::fs::spawn_fetch_workers(&fs)?;
     crate::fs::spawn_committer(&fs)?;
     let socket = crate::control::serve(&cfg.mountpoint, fs.clone())?;
-    if let Some(listener) = metrics {
-        crate::metrics::serve(listener, fs.clone())?;
-    }
+    let metrics = match metrics {
+        Some(listener) => Some(crate::metrics::serve(listener, fs.clone())?.1),
+        None => None,
+    };
 
     if let Some(ready) = ready.take() {
         redirect_stdio(fs.cache.open_log()?)?;
         std::fs::File::from(ready).write_all(b"ready")?;
     }
     tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache = %cfg.cache_dir.display(), "mounted");
-    notify_systemd(&fs)?;
+    notify_systemd(&fs, &daemon)?;
     unmount_on_error.0 = None;
     let r = session.run();
     crate::sd_notify::notify("STOPPING=1");
-    // Closed files' fills and writes still waiting for the group commit: on disk now, so
-    // that the cache after a clean stop has clean records.
-    fs.stop_commits();
-    socket.remove();
+    let ended = Instant::now();
+    let deadline = || (ended + STOP_WITHIN).max(Instant::now() + STEP_AT_LEAST);
+    let done = |step: &str| tracing::debug!(step, since_end = ?ended.elapsed(), "stopped");
+    // 1. Requests.
+    fs.stop_lock_waits(deadline());
+    socket.stop(deadline());
+    if let Some(m) = &metrics {
+        m.stop_and_join(deadline());
+    }
+    done("requests");
+    // 2. Background work: all told first, so that their ends overlap.
+    let background = [&daemon, &coherence, &cleaner, &probe];
+    background.iter().for_each(|t| t.stop());
+    let step = deadline();
+    for t in background {
+        t.stop_and_join(step);
+    }
+    done("background");
+    // 3. Fetch workers.
+    fetch_workers.stop_and_join(deadline());
+    done("fetch workers");
+    // 4. Closed files' fills and writes still waiting for the group commit: on disk now,
+    // so that the cache after a clean stop has clean records; on a thread, so that a
+    // commit stuck behind a stuck fetch cannot hold the exit.
+    let drain = Threads::new("commit drain");
+    let commit_fs = fs.clone();
+    drain.spawn("commit-drain", move |_| commit_fs.stop_commits())?;
+    drain.stop_and_join(deadline());
+    done("group commit");
+    // 5. Source workers.
+    fs.stop_source_workers(deadline());
+    done("source workers");
     r.context("FUSE session failed")?;
     tracing::info!("unmounted");
     Ok(())
@@ -305,7 +360,7 @@ impl Drop for UnmountOnError {
 /// Tells a service manager (`Type=notify`) that the mount answers, and keeps its status
 /// line current. MAINPID names the process serving the mount, which is not the one systemd
 /// started when we daemonized (that needs `NotifyAccess=all`; the unit runs `-f`).
-fn notify_systemd(fs: &Arc<CachingFs>) -> anyhow::Result<()> {
+fn notify_systemd(fs: &Arc<CachingFs>, daemon: &Threads) -> anyhow::Result<()> {
     if !crate::sd_notify::enabled() {
         return Ok(());
     }
@@ -315,16 +370,13 @@ fn notify_systemd(fs: &Arc<CachingFs>) -> anyhow::Result<()> {
         std::process::id()
     ));
     let fs = Arc::downgrade(fs);
-    std::thread::Builder::new()
-        .name("sd-status".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(crate::sd_notify::STATUS_INTERVAL);
-                let Some(fs) = fs.upgrade() else { return };
-                let status = crate::sd_notify::status_line(&fs.snapshot());
-                crate::sd_notify::notify(&format!("STATUS={status}"));
-            }
-        })?;
+    daemon.spawn("sd-status", move |stop| {
+        while stop.sleep(crate::sd_notify::STATUS_INTERVAL) {
+            let Some(fs) = fs.upgrade() else { return };
+            let status = crate::sd_notify::status_line(&fs.snapshot());
+            crate::sd_notify::notify(&format!("STATUS={status}"));
+        }
+    })?;
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use super::Inode;
 use super::{CachingFs, child};
 use crate::coherence::{Batch, Notice};
 use crate::source::Stat;
+use crate::threads::Threads;
 
 impl CachingFs {
     /// Handles one batch of watcher events.
@@ -252,56 +253,58 @@ impl CachingFs {
     }
 }
 
-/// Starts the threads that feed `source_changed` (watcher) and `leases_expired`.
-pub fn spawn_coherence_threads(fs: &Arc<CachingFs>) -> std::io::Result<()> {
+/// How long the coherence threads wait before they look at their stop signal again.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// Starts the threads that feed `source_changed` (watcher) and `leases_expired`, and the
+/// relisting of changed offline listings, in the returned group.
+pub fn spawn_coherence_threads(fs: &Arc<CachingFs>) -> std::io::Result<Threads> {
+    let threads = Threads::new("coherence");
     let weak: Weak<CachingFs> = Arc::downgrade(fs);
-    std::thread::Builder::new()
-        .name("relist".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(super::offline::RELIST_EVERY);
-                let Some(fs) = weak.upgrade() else { return };
-                fs.relist_changed();
-            }
-        })?;
+    threads.spawn("relist", move |stop| {
+        while stop.sleep(super::offline::RELIST_EVERY) {
+            let Some(fs) = weak.upgrade() else { return };
+            fs.relist_changed();
+        }
+    })?;
     if fs.coherence.watcher.is_some() {
         let weak: Weak<CachingFs> = Arc::downgrade(fs);
-        std::thread::Builder::new()
-            .name("watcher".into())
-            .spawn(move || {
-                loop {
-                    let batch = {
-                        let Some(fs) = weak.upgrade() else { return };
-                        let w = fs.coherence.watcher.as_ref().unwrap();
-                        // Blocks in read(2) while holding a strong reference: fine, the
-                        // process ends with the session.
-                        match w.next_batch(&fs.coherence.counters) {
-                            Ok(b) => b,
-                            Err(e) => {
-                                tracing::error!("source watcher failed: {e}");
-                                fs.coherence.tunables.watch.store(false, Relaxed);
-                                return;
-                            }
-                        }
-                    };
+        threads.spawn("watcher", move |stop| {
+            while !stop.is_set() {
+                let batch = {
                     let Some(fs) = weak.upgrade() else { return };
-                    if fs.coherence.tunables.watch.load(Relaxed) {
-                        fs.source_changed(batch);
+                    let w = fs.coherence.watcher.as_ref().unwrap();
+                    let events = w.wait_readable(STOP_POLL).and_then(|ready| {
+                        ready
+                            .then(|| w.next_batch(&fs.coherence.counters))
+                            .transpose()
+                    });
+                    match events {
+                        Ok(Some(b)) => b,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::error!("source watcher failed: {e}");
+                            fs.coherence.tunables.watch.store(false, Relaxed);
+                            return;
+                        }
                     }
-                }
-            })?;
-    }
-    let weak: Weak<CachingFs> = Arc::downgrade(fs);
-    std::thread::Builder::new()
-        .name("leases".into())
-        .spawn(move || {
-            loop {
+                };
                 let Some(fs) = weak.upgrade() else { return };
-                let expired = fs.coherence.leases.wait_expired(Duration::from_secs(1));
-                if !expired.is_empty() {
-                    fs.leases_expired(expired);
+                if fs.coherence.tunables.watch.load(Relaxed) {
+                    fs.source_changed(batch);
                 }
             }
         })?;
-    Ok(())
+    }
+    let weak: Weak<CachingFs> = Arc::downgrade(fs);
+    threads.spawn("leases", move |stop| {
+        while !stop.is_set() {
+            let Some(fs) = weak.upgrade() else { return };
+            let expired = fs.coherence.leases.wait_expired(STOP_POLL);
+            if !expired.is_empty() {
+                fs.leases_expired(expired);
+            }
+        }
+    })?;
+    Ok(threads)
 }

@@ -71,7 +71,7 @@ impl CachingFs {
         };
         if cmd == libc::F_OFD_SETLKW {
             // A wait for another holder's lock may last as long as that holder wants: no
-            // timeout (such waits run on their own threads, see `fuse_adapter`).
+            // timeout (the mount's blocking locks wait in `fs/lock_waits.rs` instead).
             return lock(&f);
         }
         self.source.with_fd(f.as_fd(), lock)
@@ -116,6 +116,10 @@ impl CachingFs {
             libc::F_OFD_SETLK
         };
         match self.source_lock(id, fh, owner, start, end, typ, cmd) {
+            Ok(_) if typ == libc::F_UNLCK => {
+                self.lock_waits.kick(id);
+                Ok(())
+            }
             Ok(_) => Ok(()),
             // POSIX says EAGAIN or EACCES; the kernel's FUSE code expects EAGAIN.
             Err(e) if e.raw_os_error() == Some(libc::EACCES) => Err(Errno::EAGAIN),

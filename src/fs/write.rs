@@ -113,7 +113,10 @@ impl CachingFs {
     pub fn flush(&self, id: u64, fh: u64, lock_owner: u64) -> Result<()> {
         // close() drops the caller's POSIX locks on this file, as on a local file system.
         let lock = self.locks.lock().unwrap().remove(&(id, lock_owner));
-        drop(lock);
+        if lock.is_some() {
+            drop(lock);
+            self.lock_waits.kick(id);
+        }
         // Written offline: the content goes to the offline log on close (Coda's store).
         if let Ok(h) = self.handle(fh)
             && h.writes_to_cache()

@@ -106,13 +106,17 @@ fn open_root(
 ) -> std::result::Result<(BeneathRoot, SourceInfo), String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let p = path.to_path_buf();
-    std::thread::spawn(move || {
-        let r = BeneathRoot::open(&p).and_then(|root| {
-            let info = SourceInfo::of(root.root_fd())?;
-            Ok((root, info))
-        });
-        let _ = tx.send(r);
-    });
+    // Not owned: one that outlives its wait is stuck in a hung source and stays detached.
+    std::thread::Builder::new()
+        .name("source-open".into())
+        .spawn(move || {
+            let r = BeneathRoot::open(&p).and_then(|root| {
+                let info = SourceInfo::of(root.root_fd())?;
+                Ok((root, info))
+            });
+            let _ = tx.send(r);
+        })
+        .map_err(|e| e.to_string())?;
     let (root, info) = match rx.recv_timeout(SOURCE_OPEN_WAIT) {
         Ok(Ok(opened)) => opened,
         Ok(Err(e)) => return Err(e.to_string()),

@@ -10,6 +10,7 @@ use crate::fetch::{End, Flight};
 use crate::fetch_pool::{FileJob, Job, Task};
 use crate::fs::{CachingFs, Inode};
 use crate::stats::Stats;
+use crate::threads::Threads;
 
 impl CachingFs {
     /// A read-only open of `path` (node `inode`) in a listed directory: follows the
@@ -165,34 +166,40 @@ impl CachingFs {
     }
 }
 
-/// Starts the fetch workers (`--fetch-workers`).
-pub fn spawn_fetch_workers(fs: &Arc<CachingFs>) -> std::io::Result<()> {
+/// Starts the fetch workers (`--fetch-workers`), in the returned group; stopping it
+/// closes the queue, and each worker ends after its job in progress.
+pub fn spawn_fetch_workers(fs: &Arc<CachingFs>) -> std::io::Result<Threads> {
     // The recorded kind, not a fresh look at the path: an `s3://` source has none, and an
     // unreachable one at an offline start may hang.
     let n = fs
         .cfg
         .fetch_workers
         .unwrap_or_else(|| crate::config::default_fetch_workers(fs.source.is_remote()));
+    let threads = Threads::new("fetch workers");
+    let weak: Weak<CachingFs> = Arc::downgrade(fs);
+    threads.on_stop(move || {
+        if let Some(fs) = weak.upgrade() {
+            fs.fetcher.close();
+        }
+    });
     for i in 0..n {
         let weak: Weak<CachingFs> = Arc::downgrade(fs);
         fs.fetcher.workers.fetch_add(1, Relaxed);
-        std::thread::Builder::new()
-            .name(format!("fetch-{i}"))
-            .spawn(move || {
-                loop {
-                    let Some(fs) = weak.upgrade() else { return };
-                    // Blocks while holding a strong reference: fine, the process ends
-                    // with the session.
-                    let task = fs.fetcher.pop();
-                    match &task {
-                        Task::Chunk(job) => fs.run_job(job),
-                        Task::File(job) => fs.run_file_job(job),
-                    }
-                    let len = task.bytes();
-                    drop(task);
-                    fs.fetcher.job_done(len);
+        threads.spawn(format!("fetch-{i}"), move |_| {
+            loop {
+                let Some(fs) = weak.upgrade() else { return };
+                // Blocks while holding a strong reference, until a job comes or the
+                // queue closes.
+                let Some(task) = fs.fetcher.pop() else { return };
+                match &task {
+                    Task::Chunk(job) => fs.run_job(job),
+                    Task::File(job) => fs.run_file_job(job),
                 }
-            })?;
+                let len = task.bytes();
+                drop(task);
+                fs.fetcher.job_done(len);
+            }
+        })?;
     }
-    Ok(())
+    Ok(threads)
 }
