@@ -155,14 +155,17 @@ fn an_offline_start_serves_the_cache_of_an_earlier_mount() {
 struct FuseSource {
     real: PathBuf,
     at: PathBuf,
+    /// bindfs's own options.
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl FuseSource {
-    fn start(real: &Path, at: &Path) -> FuseSource {
+    fn start(real: &Path, at: &Path, args: &[&str]) -> FuseSource {
         let mut s = FuseSource {
             real: real.to_path_buf(),
             at: at.to_path_buf(),
+            args: args.iter().map(|a| a.to_string()).collect(),
             child: None,
         };
         s.spawn();
@@ -172,6 +175,7 @@ impl FuseSource {
     fn spawn(&mut self) {
         let child = Command::new("bindfs")
             .arg("-f")
+            .args(&self.args)
             .arg(&self.real)
             .arg(&self.at)
             .spawn()
@@ -209,6 +213,14 @@ impl Drop for FuseSource {
 
 /// Mount hoardfs over a bindfs source with a 1 s source timeout.
 fn over_fuse_source(extra: &[&str]) -> (tempfile::TempDir, FuseSource, TestMountOver) {
+    over_fuse_source_with(&[], extra)
+}
+
+/// `over_fuse_source` with bindfs options `bindfs`.
+fn over_fuse_source_with(
+    bindfs: &[&str],
+    extra: &[&str],
+) -> (tempfile::TempDir, FuseSource, TestMountOver) {
     let d = tempfile::tempdir().unwrap();
     let base = fs::canonicalize(d.path()).unwrap();
     let (real, src, mnt) = (base.join("real"), base.join("src"), base.join("mnt"));
@@ -216,7 +228,7 @@ fn over_fuse_source(extra: &[&str]) -> (tempfile::TempDir, FuseSource, TestMount
         fs::create_dir(p).unwrap();
     }
     make_tree(&real);
-    let source = FuseSource::start(&real, &src);
+    let source = FuseSource::start(&real, &src, bindfs);
     let m = TestMountOver::mount(&src, &mnt, &base.join("cache"), extra);
     (d, source, m)
 }
@@ -987,4 +999,300 @@ fn a_create_through_the_mount_keeps_the_directory_readable_offline() {
     assert_eq!(names, ["f1", "new", "new2"]);
     assert_eq!(fs::read(t.m("d/f1")).unwrap(), b"one");
     assert_eq!(fs::read(t.m("d/new2")).unwrap(), b"y");
+}
+
+/// One call on a held descriptor, as the hang test issues it: its name and the call.
+type FdCall = (&'static str, fn(i32) -> std::io::Result<()>);
+
+/// The calls issued on every held handle while the source hangs.
+fn calls_on_a_held_handle() -> Vec<FdCall> {
+    fn check(r: i64) -> std::io::Result<()> {
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    fn lock(fd: i32, cmd: i32) -> std::io::Result<()> {
+        // A write lock where the descriptor allows one (the kernel refuses it otherwise).
+        let writable = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_ACCMODE != 0;
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = if writable {
+            libc::F_WRLCK
+        } else {
+            libc::F_RDLCK
+        } as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = 100;
+        fl.l_len = 10;
+        check(unsafe { libc::fcntl(fd, cmd, &mut fl) } as i64)
+    }
+    vec![
+        ("fstat", |fd| {
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            check(unsafe { libc::fstat(fd, &mut st) } as i64)
+        }),
+        ("fsync", |fd| check(unsafe { libc::fsync(fd) } as i64)),
+        ("fdatasync", |fd| {
+            check(unsafe { libc::fdatasync(fd) } as i64)
+        }),
+        ("write", |fd| {
+            let b = b"during the hang";
+            check(unsafe { libc::pwrite(fd, b.as_ptr().cast(), b.len(), 4096) } as i64)
+        }),
+        ("ftruncate", |fd| {
+            check(unsafe { libc::ftruncate(fd, 8192) } as i64)
+        }),
+        ("fallocate", |fd| {
+            check(unsafe { libc::fallocate(fd, 0, 0, 8192) } as i64)
+        }),
+        ("SEEK_DATA", |fd| {
+            check(unsafe { libc::lseek(fd, 0, libc::SEEK_DATA) })
+        }),
+        ("SEEK_HOLE", |fd| {
+            check(unsafe { libc::lseek(fd, 0, libc::SEEK_HOLE) })
+        }),
+        ("F_SETLK", |fd| lock(fd, libc::F_SETLK)),
+        ("F_GETLK", |fd| lock(fd, libc::F_GETLK)),
+        ("F_OFD_SETLK", |fd| lock(fd, libc::F_OFD_SETLK)),
+        ("flock", |fd| {
+            check(unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } as i64)
+        }),
+        ("fchmod", |fd| {
+            check(unsafe { libc::fchmod(fd, 0o644) } as i64)
+        }),
+        ("fgetxattr", |fd| {
+            let mut b = [0u8; 64];
+            let name = c"user.hoardfs-test";
+            let r = unsafe { libc::fgetxattr(fd, name.as_ptr(), b.as_mut_ptr().cast(), 64) };
+            check(r as i64)
+        }),
+        // Closing any descriptor of a file drops the process's POSIX locks on it: FLUSH.
+        ("close", |fd| {
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            check(dup as i64)?;
+            check(unsafe { libc::close(dup) } as i64)
+        }),
+    ]
+}
+
+/// A FUSE source stopped (SIGSTOP) while file handles are held open, read-only and
+/// writable, cached and not, one of them holding a POSIX lock: every call on each of them
+/// (attributes, syncs, a write, truncation, allocation, holes, locks, mode, xattrs, close)
+/// answers, with success or an errno, within the source timeout plus 1 s, all issued at
+/// once from many more threads than the daemon has request threads, while cached reads
+/// through other handles keep answering as fast. After SIGCONT the mount comes back and
+/// every write acknowledged, before the hang or during it, is on the source.
+#[test]
+fn a_hung_source_never_blocks_calls_on_held_handles() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Locks forwarded to the source's own file system: bindfs then answers every close
+    // (FLUSH) and every lock itself, and a stopped bindfs hangs them.
+    let (_d, source, m) = over_fuse_source_with(
+        &["--multithreaded", "--enable-lock-forwarding"],
+        &["-o", "threads=2", "-o", "whole_file_threshold=4096"],
+    );
+    let big = vec![3u8; 256 << 10];
+    fs::write(source.real.join("big"), &big).unwrap();
+    assert!(hoardfs(&["warm"], &m.m("hoard")).status.success());
+    let open = |rel: &str, write: bool| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(m.m(rel))
+            .unwrap()
+    };
+    let new = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.m("hoard/new"))
+        .unwrap();
+    let held: Vec<(&str, &str, fs::File)> = vec![
+        ("cached read-only", "hoard/f3", open("hoard/f3", false)),
+        ("uncached read-only", "big", open("big", false)),
+        ("cached writable", "hoard/f4", open("hoard/f4", true)),
+        ("uncached writable", "hoard/new", new),
+        ("locked", "hoard/f5", open("hoard/f5", true)),
+    ];
+    // Acknowledged before the hang: on the source afterwards, whatever happens meanwhile.
+    let acked = b"acknowledged before the hang";
+    for (_, _, f) in &held[2..] {
+        f.write_all_at(acked, 0).unwrap();
+    }
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_len = 50;
+    let locked_fd = held[4].2.as_raw_fd();
+    assert_eq!(unsafe { libc::fcntl(locked_fd, libc::F_SETLK, &fl) }, 0);
+    // Cached files read through other handles: one of them a daemon read (the file is
+    // open for writing, so no passthrough), the other passthrough.
+    let expect_f4 = fs::read(source.real.join("hoard/f4")).unwrap();
+    let readers: Vec<(fs::File, Vec<u8>)> = vec![
+        (open("hoard/f4", false), expect_f4),
+        (open("hoard/sub/deep", false), vec![7u8; 3 << 20]),
+    ];
+    let held: Vec<(&str, &str, Arc<fs::File>)> = held
+        .into_iter()
+        .map(|(what, rel, f)| (what, rel, Arc::new(f)))
+        .collect();
+
+    source.signal(libc::SIGSTOP);
+    let limit = Duration::from_secs(1 + 1);
+    let t0 = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut issued = 0;
+    for (what, _, f) in &held {
+        for (call, run) in calls_on_a_held_handle() {
+            let (tx, f, what) = (tx.clone(), f.clone(), *what);
+            issued += 1;
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let r = run(f.as_raw_fd()).map_err(|e| e.raw_os_error().unwrap_or(0));
+                // Before the answer: the handle's close below is its last.
+                drop(f);
+                let _ = tx.send((what, call, r, t.elapsed()));
+            });
+        }
+    }
+    let reading = Arc::new(AtomicBool::new(true));
+    let read_threads: Vec<_> = readers
+        .into_iter()
+        .map(|(f, expect)| {
+            let reading = reading.clone();
+            std::thread::spawn(move || {
+                let mut slowest = Duration::ZERO;
+                while reading.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let mut b = vec![0u8; expect.len()];
+                    let n = f.read_at(&mut b, 0).unwrap();
+                    slowest = slowest.max(t.elapsed());
+                    assert!(b[..n] == expect[..n] && n > 0, "a cached read changed");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                slowest
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    while answers.len() < issued {
+        match rx.recv_timeout(
+            (t0 + limit + Duration::from_millis(500)).saturating_duration_since(Instant::now()),
+        ) {
+            Ok(a) => answers.push(a),
+            Err(_) => break,
+        }
+    }
+    // The handles themselves closed while the source still hangs.
+    let mut closes = Vec::new();
+    for (what, _, f) in held.iter() {
+        let f = f.clone();
+        assert!(
+            Arc::strong_count(&f) == 2 || answers.len() < issued,
+            "{what}: the close is the last"
+        );
+        let t = Instant::now();
+        let (ctx, crx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(f);
+            let _ = ctx.send(());
+        });
+        closes.push((*what, t, crx));
+    }
+    let (held_rels, _): (Vec<_>, Vec<_>) = held.iter().map(|(w, r, _)| ((*w, *r), ())).unzip();
+    drop(held);
+    let closed: Vec<(&str, bool)> = closes
+        .into_iter()
+        .map(|(what, t, crx)| {
+            let left = (t + limit).saturating_duration_since(Instant::now());
+            (what, crx.recv_timeout(left).is_ok())
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    reading.store(false, Ordering::Relaxed);
+    // Joined side by side, each within `limit` of now: a reader stuck in the kernel
+    // cannot be joined at all.
+    let joined: Vec<_> = read_threads
+        .into_iter()
+        .map(|t| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(t.join());
+            });
+            rx
+        })
+        .collect();
+    let end = Instant::now() + limit;
+    let slowest_reads: Vec<Option<Duration>> = joined
+        .into_iter()
+        .map(|rx| {
+            let left = end.saturating_duration_since(Instant::now());
+            rx.recv_timeout(left).ok().and_then(|r| r.ok())
+        })
+        .collect();
+    let hang = t0.elapsed();
+    source.signal(libc::SIGCONT);
+
+    let mut table: Vec<String> = answers
+        .iter()
+        .map(|(what, call, r, took)| {
+            let r = match r {
+                Ok(()) => "ok".to_string(),
+                Err(e) => std::io::Error::from_raw_os_error(*e).to_string(),
+            };
+            format!("{what:>20} {call:>12}: {r} in {took:.2?}")
+        })
+        .collect();
+    table.sort();
+    eprintln!("hang of {hang:.2?}:\n{}", table.join("\n"));
+    eprintln!("closes: {closed:?}; slowest cached reads: {slowest_reads:?}");
+    assert_eq!(
+        answers.len(),
+        issued,
+        "calls with no answer within {limit:?}"
+    );
+    for (what, call, _, took) in &answers {
+        assert!(*took <= limit, "{what} {call}: {took:?}");
+    }
+    for (what, ok) in &closed {
+        assert!(ok, "closing the {what} handle: no answer within {limit:?}");
+    }
+    for slowest in &slowest_reads {
+        assert!(
+            slowest.is_some_and(|s| s <= limit),
+            "cached reads: {slowest_reads:?}"
+        );
+    }
+
+    // Back online: every acknowledged write is on the source, and the mount shows it.
+    wait_until(Duration::from_secs(10), "back online by itself", || {
+        m.online()
+    });
+    let written_during: Vec<&str> = answers
+        .iter()
+        .filter(|(_, call, r, _)| *call == "write" && r.is_ok())
+        .map(|(what, ..)| *what)
+        .collect();
+    for (what, rel) in &held_rels[2..] {
+        let on_source = fs::read(source.real.join(rel)).unwrap();
+        assert_eq!(&on_source[..acked.len()], acked, "{what}: lost a write");
+        if written_during.contains(what) {
+            let during = b"during the hang";
+            assert_eq!(&on_source[4096..4096 + during.len()], during, "{what}");
+        }
+        assert_eq!(
+            fs::read(m.m(rel)).unwrap(),
+            on_source,
+            "{what} through the mount"
+        );
+    }
+    assert_eq!(fs::read(m.m("big")).unwrap(), big);
+    fs::write(m.m("hoard/after"), b"after the hang").unwrap();
+    assert_eq!(
+        fs::read(source.real.join("hoard/after")).unwrap(),
+        b"after the hang"
+    );
 }
