@@ -29,6 +29,7 @@ use crate::sync::{Condvar, Mutex, RwLock};
 
 #[cfg(test)]
 mod model_check;
+use crate::health::GuardedSource;
 
 /// Unit of a source read and of early return: a read waits for the pieces it covers.
 /// 128 KiB is the kernel's FUSE read size (and its readahead unit), so a sequential reader's
@@ -40,23 +41,51 @@ const DEAD: u64 = u64::MAX;
 
 /// A read-only descriptor of a source file kept for fetching; counted, so that the number
 /// open at once stays under `fetch_fds` (the paper's "resource hog" warning about hints).
-#[derive(Debug)]
 pub struct SourceFd {
     pub reader: crate::source::SourceReader,
     open: Arc<AtomicU64>,
+    /// Closes the descriptor off the thread that drops it, often under the file's lock
+    /// (`GuardedSource::close_later`: a close may wait for the source).
+    closer: Option<Arc<GuardedSource>>,
 }
 
 impl SourceFd {
     /// `reader`, one of the descriptors counted in `open` (already counted; given back
-    /// when this is dropped).
-    pub fn counted(reader: crate::source::SourceReader, open: Arc<AtomicU64>) -> SourceFd {
-        SourceFd { reader, open }
+    /// when this is dropped), closed through `closer` if given.
+    pub fn counted(
+        reader: crate::source::SourceReader,
+        open: Arc<AtomicU64>,
+        closer: Option<Arc<GuardedSource>>,
+    ) -> SourceFd {
+        SourceFd {
+            reader,
+            open,
+            closer,
+        }
+    }
+}
+
+impl std::fmt::Debug for SourceFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceFd")
+            .field("reader", &self.reader)
+            .finish()
     }
 }
 
 impl Drop for SourceFd {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Relaxed);
+        use crate::source::SourceReader;
+        if let Some(closer) = self.closer.take()
+            && let SourceReader::File(_) = &self.reader
+        {
+            let gone = SourceReader::Object {
+                rel: Default::default(),
+                etag: None,
+            };
+            closer.close_later(std::mem::replace(&mut self.reader, gone));
+        }
     }
 }
 

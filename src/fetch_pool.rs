@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::fetch::{FileFetch, Flight, SourceFd};
+use crate::health::GuardedSource;
 
 /// What a worker does: finish a flight of a file; `N`: the file system's node.
 pub struct Job<N> {
@@ -97,6 +98,8 @@ pub struct Fetcher<N> {
     queued_bytes: AtomicU64,
     pub tun: FetchTunables,
     fds_open: Arc<AtomicU64>,
+    /// Where the fetch descriptors are closed (`SourceFd`); dropped in place without one.
+    closer: Option<Arc<GuardedSource>>,
     /// The order of recently listed directories and the readers' cursors in them.
     pub dirs: DirPrefetch,
 }
@@ -125,8 +128,15 @@ impl<N> Fetcher<N> {
                 dir_prefetch: AtomicU64::new(dir_prefetch),
             },
             fds_open: Arc::new(AtomicU64::new(0)),
+            closer: None,
             dirs: DirPrefetch::default(),
         }
+    }
+
+    /// Fetch descriptors are closed through `source` (`SourceFd`).
+    pub fn closing_through(mut self, source: Arc<GuardedSource>) -> Fetcher<N> {
+        self.closer = Some(source);
+        self
     }
 
     /// Opens a fetch descriptor with `open` unless `fetch_fds` are open already.
@@ -141,7 +151,11 @@ impl<N> Fetcher<N> {
             .ok()?;
         let _ = prev;
         match open() {
-            Ok(reader) => Some(Arc::new(SourceFd::counted(reader, self.fds_open.clone()))),
+            Ok(reader) => Some(Arc::new(SourceFd::counted(
+                reader,
+                self.fds_open.clone(),
+                self.closer.clone(),
+            ))),
             Err(_) => {
                 self.fds_open.fetch_sub(1, Relaxed);
                 None

@@ -28,7 +28,6 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -65,11 +64,11 @@ use crate::cleaner::{Limits, Pins, Usage};
 use crate::coherence::{Coherence, Notice};
 use crate::config::Config;
 use crate::fetch::HandleFetch;
-use crate::health::{GuardedSource, OpenedSource};
+use crate::health::{GuardedSource, OpenedSource, SourceFile};
 use crate::inode::InodeLimits;
 use crate::oplog::OpLog;
 use crate::source::SourceReader;
-use crate::source::{Capabilities, Stat, fstat};
+use crate::source::{Capabilities, Stat};
 use crate::stats::Stats;
 
 pub type Result<T> = std::result::Result<T, Errno>;
@@ -111,8 +110,9 @@ pub type Fetcher = crate::fetch_pool::Fetcher<Inode>;
 #[derive(Debug)]
 pub struct Handle {
     pub inode: Arc<Inode>,
-    /// The source file opened with the caller's access mode (absent for passthrough opens).
-    source: Option<File>,
+    /// The source file opened with the caller's access mode (absent for passthrough opens);
+    /// closed through the source guard when the last request using the handle ends.
+    source: Option<SourceFile>,
     writable: bool,
     passthrough: Option<Arc<BackingId>>,
     /// Sequential detection and the short-path hint.
@@ -177,8 +177,9 @@ pub struct CachingFs {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     dirs: Mutex<HashMap<u64, Arc<DirList>>>,
     /// Per (inode, lock owner): the source descriptor whose OFD locks stand for that
-    /// owner's POSIX locks, so that locks hold on the source for every client.
-    locks: Mutex<HashMap<(u64, u64), File>>,
+    /// owner's POSIX locks, so that locks hold on the source for every client. Shared
+    /// with the lock calls using it: whoever lets go of it last closes it (guarded).
+    locks: Mutex<HashMap<(u64, u64), Arc<SourceFile>>>,
     next_fh: AtomicU64,
     passthrough_ok: AtomicBool,
     /// Threads whose last open answered ESTALE, and when: their next open is the kernel's
@@ -198,8 +199,9 @@ pub struct CachingFs {
     timestamp_granularity: Duration,
     /// Inodes whose cache state is loaded (open through the mount): never evicted.
     loaded: Mutex<HashMap<u64, Arc<Inode>>>,
-    /// Taken for reading while a cache state loads, for writing while the cleaner evicts a
-    /// file, so that no open file can load a record whose data is being removed.
+    /// Taken for reading while a loading state enters `loaded`, for writing while the
+    /// cleaner evicts a file, so that no open file can load a record whose data is being
+    /// removed (later evictions skip what `loaded` holds).
     evict_lock: RwLock<()>,
     /// Directories whose listing is saved for offline use (`fs/offline.rs`).
     listed: Mutex<offline::Listed>,
@@ -316,7 +318,7 @@ impl CachingFs {
             );
         }
         Ok(CachingFs {
-            source,
+            source: source.clone(),
             cache,
             inodes: InodeTable::new(&root_stat, InodeLimits::new(cfg.max_inodes)),
             handles: Mutex::default(),
@@ -349,7 +351,8 @@ impl CachingFs {
                 cfg.fetch_inflight,
                 cfg.fetch_fds,
                 cfg.fetch_dir_prefetch,
-            ),
+            )
+            .closing_through(source.clone()),
             oplog: Mutex::new(oplog),
             offline_writers: AtomicU64::new(0),
             offline_edits: Mutex::new(()),
@@ -447,7 +450,7 @@ impl CachingFs {
         });
         // Read as the version the record names, nothing written meanwhile.
         let after = self.source.fstat(src.as_fd()).map(|a| self.identity(&a));
-        self.source.close(src);
+        drop(src); // closed through the guard
         if !same || !after.is_ok_and(|a| a.same_version(&now)) {
             return false;
         }
@@ -479,9 +482,15 @@ impl CachingFs {
         let reader = self.source.open_reader(path, expect)?;
         if let SourceReader::File(f) = &reader
             && self.stale_check()
-            && !self.identity(&fstat(f.as_fd())?).same_version(expect)
         {
-            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+            let same =
+                (self.source.fstat(f.as_fd())).map(|st| self.identity(&st).same_version(expect));
+            if !matches!(same, Ok(true)) {
+                self.source.close_later(reader);
+                return Err(same
+                    .err()
+                    .unwrap_or(io::Error::from_raw_os_error(libc::ESTALE)));
+            }
         }
         Ok(reader)
     }

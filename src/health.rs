@@ -233,6 +233,13 @@ impl Health {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+thread_local! {
+    /// Set on source workers: a descriptor let go of there is closed in place (the worker
+    /// is the guarded place; queueing the close for another worker and waiting for it
+    /// could only wait for the pool).
+    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// The source, reached only through calls that honour the mount's health: refused while
 /// offline, bounded by the timeout when one is set. Whatever its kind, every call takes
 /// one path (`call`): the kind's own answers, including its errnos for what it cannot do,
@@ -287,6 +294,7 @@ impl GuardedSource {
             for i in 0..WORKERS {
                 let rx = rx.clone();
                 let _ = self.workers.spawn(format!("source-{i}"), move |_| {
+                    ON_WORKER.set(true);
                     loop {
                         let job = match rx.lock().unwrap().recv() {
                             Ok(j) => j,
@@ -318,6 +326,8 @@ impl GuardedSource {
     ) -> io::Result<T> {
         if !self.health.online() {
             self.health.offline_requests.fetch_add(1, Relaxed);
+            // The call may own source descriptors: they close on a worker, not here.
+            self.close_later(f);
             return Err(io::Error::from_raw_os_error(OFFLINE));
         }
         let r = self.call_anyway(f);
@@ -339,22 +349,31 @@ impl GuardedSource {
         }
     }
 
-    /// Closes a source descriptor. A close on a network or FUSE source may wait for the
-    /// server (FUSE sends FLUSH, NFS writes back), so with a timeout it runs on a source
-    /// worker: the caller waits for it at most the timeout while online, not at all
-    /// offline; the close itself always happens, when the source lets it.
+    /// Closes a source descriptor (or drops anything that owns some). A close on a network
+    /// or FUSE source may wait for the server (FUSE sends FLUSH and releases locks, NFS
+    /// writes back), so with a timeout it runs on a source worker and is timed like any
+    /// call (one that takes too long switches the mount offline); offline it is not waited
+    /// for at all. The close itself always happens, when the source lets it.
     pub fn close(&self, file: impl Send + 'static) {
-        let Some(timeout) = self.health.timeout() else {
+        if self.health.timeout().is_none() || ON_WORKER.get() {
             drop(file);
-            return;
-        };
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.submit(Box::new(move || {
+        } else if !self.health.online() {
+            self.close_later(file);
+        } else {
+            let _ = self.timed(move || {
+                drop(file);
+                Ok(())
+            });
+        }
+    }
+
+    /// Closes `file` on a source worker without waiting for it (inline without a timeout):
+    /// for descriptors with nothing to write back, let go of under a file's lock.
+    pub fn close_later(&self, file: impl Send + 'static) {
+        if self.health.timeout().is_none() || ON_WORKER.get() {
             drop(file);
-            let _ = tx.send(());
-        }));
-        if self.health.online() {
-            let _ = rx.recv_timeout(timeout);
+        } else {
+            self.submit(Box::new(move || drop(file)));
         }
     }
 
@@ -406,6 +425,45 @@ impl GuardedSource {
     fn probe(&self) -> io::Result<()> {
         self.health.probes.fetch_add(1, Relaxed);
         self.call_anyway(|t| t.probe())
+    }
+}
+
+/// A source descriptor that is closed through the guard when dropped
+/// ([`GuardedSource::close`]): a close may wait for the source, so it never runs on the
+/// thread that lets go of the descriptor, which may be a request thread holding a lock.
+pub struct SourceFile {
+    file: Option<std::fs::File>,
+    source: Arc<GuardedSource>,
+}
+
+impl SourceFile {
+    pub fn new(source: Arc<GuardedSource>, file: std::fs::File) -> SourceFile {
+        SourceFile {
+            file: Some(file),
+            source,
+        }
+    }
+}
+
+impl std::ops::Deref for SourceFile {
+    type Target = std::fs::File;
+
+    fn deref(&self) -> &std::fs::File {
+        self.file.as_ref().expect("open until dropped")
+    }
+}
+
+impl std::fmt::Debug for SourceFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SourceFile").field(&self.file).finish()
+    }
+}
+
+impl Drop for SourceFile {
+    fn drop(&mut self) {
+        if let Some(file) = self.file.take() {
+            self.source.close(file);
+        }
     }
 }
 

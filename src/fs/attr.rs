@@ -15,7 +15,7 @@ use super::{CachingFs, Inode, Result, attr_of, entry, errno};
 use crate::cache::store::{read_record, write_record};
 use crate::coherence::Notice;
 use crate::source::SourceReader;
-use crate::source::{SetAttr, Stat, fstat};
+use crate::source::{SetAttr, Stat};
 
 impl CachingFs {
     /// Attributes of `inode`: from an open handle when there is one (the name may be gone),
@@ -84,18 +84,13 @@ impl CachingFs {
                     let notice = Notice::Entry(inode.parent(), name.to_os_string());
                     self.coherence.notify(notice);
                 }
-                let own = self.open_source_fd(&inode);
-                let mut st = own
-                    .and_then(|f| fstat(f.as_fd()).ok())
-                    .ok_or(Errno::ESTALE)?;
+                let mut st = self.fstat_own(&inode).ok_or(Errno::ESTALE)?;
                 self.pending_attr(id, &mut st);
                 Ok(st)
             }
             // fstat of an open file whose name is gone: answer from an open descriptor.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let st = self
-                    .open_source_fd(&inode)
-                    .and_then(|f| self.source.fstat(f.as_fd()).ok())
+                let st = (self.fstat_own(&inode))
                     .or_else(|| inode.file().as_ref().and_then(|s| s.unlinked));
                 // Nothing open: the kernel's dentry is stale (the name was renamed or
                 // removed behind the mount). ESTALE makes the kernel look the name up again
@@ -110,6 +105,16 @@ impl CachingFs {
             }
             Err(e) => Err(errno(e)),
         }
+    }
+
+    /// `fstat` of the source object behind an open inode, if one is open; the descriptor
+    /// duplicated for it is closed through the source guard (a fetch descriptor's close
+    /// may wait for the source).
+    fn fstat_own(&self, inode: &Arc<Inode>) -> Option<Stat> {
+        let fd = self.open_source_fd(inode)?;
+        let st = self.source.fstat(fd.as_fd()).ok();
+        self.source.close(fd);
+        st
     }
 
     /// A descriptor of the source object behind an open inode, if one is open.
@@ -157,7 +162,7 @@ impl CachingFs {
         let path = inode.path();
         let handle = fh.and_then(|fh| self.handle(fh).ok());
         // The caller's open file when it gave one: its name may be gone.
-        let src_fd = handle.as_ref().and_then(|h| h.source.as_ref());
+        let src_fd = handle.as_ref().and_then(|h| h.source.as_deref());
         let stat_now = || match (src_fd, &path) {
             (Some(f), _) => self.source.fstat(f.as_fd()),
             (None, Some(p)) => self.source.stat(p),

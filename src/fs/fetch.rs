@@ -313,7 +313,7 @@ impl CachingFs {
         let f = self
             .source
             .open_file(&path.ok_or_else(eio)?, libc::O_RDONLY)?;
-        let st = crate::source::fstat(f.as_fd())?;
+        let st = self.source.fstat(f.as_fd())?;
         if self.stable_ino && (st.dev, st.ino) != h.inode.key {
             return Err(eio());
         }

@@ -4,21 +4,24 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use fuser::Errno;
 
 use super::{CachingFs, Result, errno};
+use crate::health::SourceFile;
 
 impl CachingFs {
-    fn lock_file(&self, id: u64, owner: u64, fh: u64) -> Result<File> {
+    /// The source descriptor holding `owner`'s locks on `id`, opened on first use. It is
+    /// opened with no lock held: a source that does not answer holds up only this call.
+    fn lock_file(&self, id: u64, owner: u64, fh: u64) -> Result<Arc<SourceFile>> {
         if !self.caps().posix_locks {
             // No locks at the source (an object store): the kernel keeps them, local to this
             // machine.
             return Err(Errno::ENOSYS);
         }
-        let mut locks = self.locks.lock().unwrap();
-        if let Some(f) = locks.get(&(id, owner)) {
-            return crate::source::dup_file(f.as_fd()).map_err(errno);
+        if let Some(f) = self.locks.lock().unwrap().get(&(id, owner)) {
+            return Ok(f.clone());
         }
         let h = self.handle(fh)?;
         // OFD locks need a descriptor open for the lock's type: read-write where possible.
@@ -28,9 +31,10 @@ impl CachingFs {
             .open_file(&path, libc::O_RDWR)
             .or_else(|_| self.source.open_file(&path, libc::O_RDONLY))
             .map_err(errno)?;
-        let dup = crate::source::dup_file(f.as_fd()).map_err(errno)?;
-        locks.insert((id, owner), f);
-        Ok(dup)
+        // A lock call of the same owner may have opened one meanwhile: that one holds its
+        // locks, and this one is closed (guarded) on return.
+        let mut locks = self.locks.lock().unwrap();
+        Ok(locks.entry((id, owner)).or_insert(Arc::new(f)).clone())
     }
 
     fn flock_struct(start: u64, end: u64, typ: i32) -> libc::flock {

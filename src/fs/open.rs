@@ -5,7 +5,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,7 +16,7 @@ use fuser::{BackingId, Errno, FileAttr, FopenFlags};
 use super::{CachingFs, FileState, Handle, Inode, Opened, Result, Writes, child, errno};
 use crate::coherence::Notice;
 use crate::fetch::HandleFetch;
-use crate::source::fstat;
+use crate::health::SourceFile;
 use crate::stats::Stats;
 
 /// How often an open looks at a file again whose record is older than the source while
@@ -72,14 +72,23 @@ impl CachingFs {
         let inode = self.inode(attr.ino.0)?;
         let mut st = self.source.fstat(file.as_fd()).map_err(errno)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // An `O_PATH` descriptor of the new file, as an open keeps: its close never reaches
+        // the source (a duplicate of `file` would send a FLUSH, under the file's lock).
+        let path_fd = self
+            .source
+            .with_fd(file.as_fd(), |f| {
+                use std::os::fd::AsRawFd;
+                let own = format!("/proc/self/fd/{}", f.as_raw_fd());
+                let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC;
+                Ok(rustix::fs::open(own, flags, rustix::fs::Mode::empty())?)
+            })
+            .ok();
         // A new file is fully known: cache it empty and complete.
         {
             let mut guard = inode.file();
             if guard.is_none() {
                 let (mut state, _) = self.load_state(&inode, &path, &mut st, true);
-                state.path_fd = crate::source::dup_file(file.as_fd())
-                    .ok()
-                    .map(OwnedFd::from);
+                state.path_fd = path_fd;
                 *guard = Some(state);
             }
             let state = guard.as_mut().unwrap();
@@ -408,7 +417,7 @@ impl CachingFs {
             let opened = opened.and_then(|f| {
                 let raced = !writable
                     && self.stale_check()
-                    && self.identity(&fstat(f.as_fd())?) != self.identity(&st);
+                    && self.identity(&self.source.fstat(f.as_fd())?) != self.identity(&st);
                 if raced {
                     return Err(io::Error::from_raw_os_error(libc::ESTALE));
                 }
@@ -465,7 +474,7 @@ impl CachingFs {
         inode: &Arc<Inode>,
         mut guard: crate::sync::MutexGuard<'_, Option<FileState>>,
         writable: bool,
-        source: Option<File>,
+        source: Option<SourceFile>,
         keep_cache: bool,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {

@@ -41,8 +41,13 @@ impl CachingFs {
         st: &mut Stat,
         new_file: bool,
     ) -> (FileState, bool) {
-        let _no_eviction = self.evict_lock.read().unwrap();
-        self.loaded.lock().unwrap().insert(inode.id, inode.clone());
+        {
+            // An eviction under way ends first; later ones skip the file, loaded from now
+            // on. Not held further: the source calls below must not hold up every other
+            // file's load behind a waiting eviction.
+            let _no_eviction = self.evict_lock.read().unwrap();
+            self.loaded.lock().unwrap().insert(inode.id, inode.clone());
+        }
         let mut identity = self.identity(st);
         let mut state = self.empty_state(identity);
         let files = match self.cache.open_files(path) {

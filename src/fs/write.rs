@@ -4,7 +4,6 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use fuser::Errno;
@@ -111,7 +110,8 @@ impl CachingFs {
     }
 
     pub fn flush(&self, id: u64, fh: u64, lock_owner: u64) -> Result<()> {
-        // close() drops the caller's POSIX locks on this file, as on a local file system.
+        // close() drops the caller's POSIX locks on this file, as on a local file system:
+        // its lock descriptor is closed (through the source guard, by whoever uses it last).
         let lock = self.locks.lock().unwrap().remove(&(id, lock_owner));
         if lock.is_some() {
             drop(lock);
@@ -132,7 +132,8 @@ impl CachingFs {
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
         let h = self.handle(fh)?;
-        let mut guard = h.inode.file();
+        // The source's sync first, without the file's lock: what was written before this
+        // call is on the source when it returns; the checkpoint then records it.
         if let Some(src) = h.source.as_ref() {
             self.source
                 .with_fd(src.as_fd(), move |f| {
@@ -144,6 +145,7 @@ impl CachingFs {
                 })
                 .map_err(errno)?;
         }
+        let mut guard = h.inode.file();
         if let Some(state) = guard.as_mut() {
             if h.writes == Writes::Logged {
                 return self.offline_store(&h.inode, state);
@@ -188,13 +190,9 @@ impl CachingFs {
         // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
         self.unload_if_idle(&h.inode, &mut guard);
         drop(guard);
-        // The source descriptor is closed under the source guard, outside the file's lock
-        // (a request still in flight on the handle closes it when done instead).
-        if let Ok(h) = Arc::try_unwrap(h)
-            && let Some(source) = h.source
-        {
-            self.source.close(source);
-        }
+        // The source descriptor is closed through the source guard, outside the file's
+        // lock (a request still in flight on the handle closes it when done instead).
+        drop(h);
         Ok(())
     }
 

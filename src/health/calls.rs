@@ -4,9 +4,11 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
-use super::GuardedSource;
+use super::{GuardedSource, OFFLINE, SourceFile};
 use crate::cache::SourceIdentity;
 use crate::source::{SourceReader, Stat};
 
@@ -114,14 +116,22 @@ impl GuardedSource {
         self.call(move |t| t.dir(&rel))
     }
 
-    pub fn open_file(&self, rel: &Path, flags: i32) -> io::Result<std::fs::File> {
+    /// The file at `rel`, closed through the guard when dropped.
+    pub fn open_file(self: &Arc<Self>, rel: &Path, flags: i32) -> io::Result<SourceFile> {
         let rel = rel.to_path_buf();
-        self.call(move |t| t.open_file(&rel, flags))
+        let f = self.call(move |t| t.open_file(&rel, flags))?;
+        Ok(SourceFile::new(self.clone(), f))
     }
 
-    pub fn create_file(&self, rel: &Path, flags: i32, mode: u32) -> io::Result<std::fs::File> {
+    pub fn create_file(
+        self: &Arc<Self>,
+        rel: &Path,
+        flags: i32,
+        mode: u32,
+    ) -> io::Result<SourceFile> {
         let rel = rel.to_path_buf();
-        self.call(move |t| t.create_file(&rel, flags, mode))
+        let f = self.call(move |t| t.create_file(&rel, flags, mode))?;
+        Ok(SourceFile::new(self.clone(), f))
     }
 
     pub fn mkdir(&self, rel: &Path, mode: u32) -> io::Result<()> {
@@ -234,7 +244,13 @@ impl GuardedSource {
         fd: std::os::fd::BorrowedFd<'_>,
         f: impl FnOnce(&std::fs::File) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
-        if self.health.online() && self.health.timeout().is_none() {
+        if !self.health.online() {
+            // Refused before the descriptor is duplicated: closing a duplicate may wait
+            // for the source too.
+            self.health.offline_requests.fetch_add(1, Relaxed);
+            return Err(io::Error::from_raw_os_error(OFFLINE));
+        }
+        if self.health.timeout().is_none() {
             let file = std::mem::ManuallyDrop::new(unsafe {
                 use std::os::fd::{AsRawFd, FromRawFd};
                 std::fs::File::from_raw_fd(fd.as_raw_fd())

@@ -277,7 +277,8 @@ impl CachingFs {
             }
             r.create_file(&q, libc::O_WRONLY | libc::O_EXCL, 0o600)
         })?;
-        let out = Arc::new(out);
+        // Closed through the guard by whoever lets go of it last.
+        let out = Arc::new(crate::health::SourceFile::new(self.source.clone(), out));
         let src = container;
         let mut off = 0u64;
         loop {
@@ -298,7 +299,7 @@ impl CachingFs {
             o.sync_all()?;
             if let Some((uid, gid)) = owner.filter(|_| root) {
                 rustix::fs::fchown(
-                    &*o,
+                    &**o,
                     Some(rustix::fs::Uid::from_raw(uid)),
                     Some(rustix::fs::Gid::from_raw(gid)),
                 )?;
