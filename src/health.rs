@@ -552,4 +552,81 @@ mod tests {
         h.go_online(false);
         assert!(src.call(|r| r.stat(Path::new(""))).is_ok());
     }
+
+    fn guarded(timeout: Duration) -> (tempfile::TempDir, Arc<Health>, GuardedSource) {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Arc::new(Health::new(Some(timeout), false));
+        let root = BeneathRoot::open(dir.path()).unwrap();
+        let info = SourceInfo::of(root.root_fd()).unwrap();
+        let tree = PosixTree::new(
+            Some(root),
+            dir.path(),
+            (info.root_dev, info.root_ino),
+            info.fs_type,
+            info.remote,
+        );
+        let src = GuardedSource::new(Arc::new(tree), h.clone(), &info);
+        (dir, h, src)
+    }
+
+    /// Sends the name of the thread it is dropped on, as a source descriptor would be
+    /// closed there.
+    struct DroppedOn(mpsc::Sender<Option<String>>);
+
+    impl Drop for DroppedOn {
+        fn drop(&mut self) {
+            let _ = (self.0).send(std::thread::current().name().map(String::from));
+        }
+    }
+
+    #[test]
+    fn what_a_refused_call_owns_is_let_go_of_on_a_worker() {
+        let (_dir, h, src) = guarded(Duration::from_secs(5));
+        h.go_offline("test", true);
+        let (tx, rx) = mpsc::channel();
+        let owned = DroppedOn(tx);
+        let err = src
+            .call(move |_| {
+                let _ = &owned;
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(OFFLINE));
+        let on = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(
+            on.as_deref().is_some_and(|n| n.starts_with("source-")),
+            "{on:?}"
+        );
+    }
+
+    #[test]
+    fn a_close_the_source_does_not_answer_switches_offline() {
+        let (_dir, h, src) = guarded(Duration::from_millis(50));
+        let release = Arc::new((Mutex::new(false), Condvar::new()));
+        struct HungClose(Arc<(Mutex<bool>, Condvar)>);
+        impl Drop for HungClose {
+            fn drop(&mut self) {
+                let (m, cv) = &*self.0;
+                let mut go = m.lock().unwrap();
+                while !*go {
+                    go = cv.wait(go).unwrap();
+                }
+            }
+        }
+        src.close(HungClose(release.clone()));
+        assert!(!h.online());
+        assert_eq!(h.snapshot().timeouts, 1);
+        // Offline, a close is not waited for at all.
+        let (tx, rx) = mpsc::channel();
+        let (src, again) = (Arc::new(src), release.clone());
+        std::thread::spawn(move || {
+            src.close(HungClose(again));
+            let _ = tx.send(());
+        });
+        let returned = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        let (m, cv) = &*release;
+        *m.lock().unwrap() = true;
+        cv.notify_all();
+        assert!(returned, "an offline close waited for the source");
+    }
 }

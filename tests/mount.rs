@@ -10,6 +10,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::{BIN, TestMount, pattern};
 
@@ -353,6 +354,60 @@ fn posix_locks_are_taken_on_the_source() {
         0
     );
     assert_eq!(probe.l_type, libc::F_UNLCK as i16);
+}
+
+/// With a source timeout, a blocking lock that waits for another holder longer than the
+/// timeout is not a hung source: it is taken once the holder lets go, and the mount stays
+/// online.
+#[test]
+fn a_blocking_lock_waits_past_the_source_timeout() {
+    let t = TestMount::new(&["--source-timeout", "1"]);
+    fs::write(t.m("lockme"), b"x").unwrap();
+    let holder = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.s("lockme"))
+        .unwrap();
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    assert_eq!(
+        unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
+        0
+    );
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.m("lockme"))
+        .unwrap();
+    let fd = f.as_raw_fd();
+    let waiter = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let r = unsafe { libc::fcntl(fd, libc::F_SETLKW, &fl) };
+        let r = (r == 0)
+            .then_some(())
+            .ok_or_else(std::io::Error::last_os_error);
+        (r, t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!waiter.is_finished(), "the lock is held on the source");
+    fl.l_type = libc::F_UNLCK as i16;
+    assert_eq!(
+        unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
+        0
+    );
+    let (r, took) = waiter.join().unwrap();
+    r.unwrap();
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(t.stats().health.online, "a lock wait is no timeout");
+    // Taken on the source.
+    fl.l_type = libc::F_WRLCK as i16;
+    assert_eq!(
+        unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) },
+        0
+    );
+    assert_eq!(fl.l_type, libc::F_WRLCK as i16);
+    drop(f);
 }
 
 #[test]
