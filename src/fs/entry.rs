@@ -86,6 +86,10 @@ pub struct FileState {
     /// The file's attributes when its last name was unlinked while it was open: an
     /// object store keeps nothing to `fstat` (a POSIX source has `path_fd`).
     pub(super) unlinked: Option<Stat>,
+    /// The source's attributes when the state was loaded: what an offline `getattr` of
+    /// the open file answers (with the record's size and times) when no saved listing
+    /// knows the file yet (created through the mount since its directory was listed).
+    pub(super) loaded_stat: Option<Stat>,
     /// When an open last saw the source hold this state's version (just before its look
     /// at the source): an instant at which the version was current. An open retried by
     /// the kernel may take a retired node's version only if this is after its first try
@@ -113,6 +117,7 @@ impl FileState {
             changes: 0,
             offline_base: None,
             unlinked: None,
+            loaded_stat: None,
             confirmed: None,
         }
     }

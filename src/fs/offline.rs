@@ -322,7 +322,11 @@ impl CachingFs {
         if let Some(state) = inode.file().as_ref() {
             // Open: what its state knows is newest.
             let path = inode.path().ok_or(Errno::EIO)?;
-            let mut st = self.offline_stat(&path)?;
+            let mut st = match (self.offline_stat(&path), state.loaded_stat) {
+                (Ok(st), _) => st,
+                (Err(_), Some(st)) => st,
+                (Err(e), None) => return Err(e),
+            };
             st.size = state.record.identity.size;
             st.mtime = state.record.identity.mtime;
             st.ctime = state.record.identity.ctime;

@@ -133,6 +133,7 @@ impl CachingFs {
             state.fetch.set_own(Some(state.record.data));
         }
         state.record.last_used = now_millis();
+        state.loaded_stat = Some(*st);
         (state, reset)
     }
 
