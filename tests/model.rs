@@ -234,7 +234,7 @@ impl Harness {
     }
 
     fn step(&mut self, op: &Op) -> Result<(), String> {
-        let op = op.resolve(&Existing::scan(&self.reference.root));
+        let op = op.resolve_at(&self.reference.root);
         if self.passthrough && self.blocked_by_passthrough_reader(&op) {
             count(|c| c.skipped += 1);
             return Ok(());

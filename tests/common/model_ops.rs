@@ -314,8 +314,26 @@ pub fn intern(s: &str) -> &'static str {
 }
 
 impl Op {
+    /// The operation with every operand resolved in the tree at `root`, which is scanned
+    /// only if an operand picks from it.
+    pub fn resolve_at(&self, root: &Path) -> Op {
+        let picks = std::cell::Cell::new(false);
+        self.map_paths(|p| {
+            picks.set(picks.get() || !matches!(p, P(_)));
+            p
+        });
+        if picks.get() {
+            self.resolve(&Existing::scan(root))
+        } else {
+            self.clone()
+        }
+    }
+
     pub fn resolve(&self, e: &Existing) -> Op {
-        let r = |p: Pth| e.resolve(p);
+        self.map_paths(|p| e.resolve(p))
+    }
+
+    fn map_paths(&self, r: impl Fn(Pth) -> Pth) -> Op {
         match self.clone() {
             Op::CreateFile { path, mode, excl } => Op::CreateFile {
                 path: r(path),
