@@ -375,7 +375,8 @@ impl Kernel {
             size: Some(len),
             ..Default::default()
         };
-        let a = self.fs.setattr(id, fh, set).map_err(code)?;
+        // `false`: callers are root, whose truncations keep set-ID bits.
+        let a = self.fs.setattr(id, fh, set, false).map_err(code)?;
         self.attr(&a);
         Ok(())
     }
@@ -523,7 +524,7 @@ impl Kernel {
                 mode: Some(kind | (mode & 0o7777)),
                 ..Default::default()
             };
-            let a = k.fs.setattr(id, None, set).map_err(code)?;
+            let a = k.fs.setattr(id, None, set, false).map_err(code)?;
             k.attr(&a);
             Ok(())
         })
@@ -824,7 +825,8 @@ fn core(base: &Path) -> CachingFs {
     cfg.min_free = Some(64 << 20);
     cfg.check_values().expect("a valid configuration");
     let store = CacheStore::open(&cfg.cache_dir).expect("the cache directory");
-    CachingFs::new(cfg, store).expect("the core")
+    let source = hoardfs::health::open_source(&cfg, &store).expect("the source");
+    CachingFs::new(cfg, store, source).expect("the core")
 }
 
 /// Where the cases' directories go: `HOARDFS_INPROC_DIR`, else `/dev/shm` (tmpfs), else the
