@@ -275,11 +275,14 @@ impl FileState {
             // back) would serve the difference through passthrough once refetched, and
             // is never resized in place (crash rule 3: others may read it): this state
             // stops using it, and the next load replaces it (its length is checked).
+            // Nor is one refetched into while the kernel reads it for passthrough
+            // handles: a chunk fetched anew, of another version on a source whose
+            // timestamps cannot tell, would change bytes under readers that hold theirs.
             let size = self.record.identity.size;
             let r = write_record(files, &self.record, true);
             let wrong_length = files.data.metadata().map_or(true, |m| m.len() != size);
             match r {
-                Ok(()) if wrong_length => self.files = None,
+                Ok(()) if wrong_length || self.passthrough_opens > 0 => self.files = None,
                 // The empty record vouches for nothing; from here the file is hoardfs's.
                 Ok(()) => self.fetch.set_own(
                     fstat(files.data.as_fd())
@@ -643,5 +646,43 @@ mod tests {
             s.files.is_none(),
             "a data file of the wrong length is not used again (never resized in place)"
         );
+    }
+
+    #[test]
+    fn a_data_file_the_kernel_reads_for_passthrough_is_never_refetched_into() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        fill(&mut s, 1);
+        s.checkpoint(&env);
+        s.passthrough_opens = 1;
+        // An edit of the right length, in a later ctime tick.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let files = s.files.as_ref().unwrap();
+        files.data.write_all_at(b"EDIT", 0).unwrap();
+        assert!(!s.data_is_ours());
+        let meta = files.meta.try_clone().unwrap();
+        s.discard_foreign_data(&env);
+        let rec = read_record_unchecked(&meta).unwrap().unwrap().unwrap();
+        assert_eq!(rec.present_count(), 0, "nothing of it is claimed");
+        assert!(
+            s.files.is_none(),
+            "with passthrough readers the data file is left to them, never fetched into"
+        );
+        // Without passthrough readers the same data file is refetched into.
+        let mut s = f.state("b");
+        fill(&mut s, 0);
+        s.checkpoint(&env);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        s.files
+            .as_ref()
+            .unwrap()
+            .data
+            .write_all_at(b"EDIT", 0)
+            .unwrap();
+        s.discard_foreign_data(&env);
+        assert!(s.files.is_some());
+        assert!(s.data_is_ours(), "from here the file is hoardfs's");
     }
 }
