@@ -514,18 +514,7 @@ mod tests {
 
     #[test]
     fn a_hung_call_times_out_and_switches_offline() {
-        let dir = tempfile::tempdir().unwrap();
-        let h = Arc::new(Health::new(Some(Duration::from_millis(50)), false));
-        let root = BeneathRoot::open(dir.path()).unwrap();
-        let info = SourceInfo::of(root.root_fd()).unwrap();
-        let tree = PosixTree::new(
-            Some(root),
-            dir.path(),
-            (info.root_dev, info.root_ino),
-            info.fs_type,
-            info.remote,
-        );
-        let src = GuardedSource::new(Arc::new(tree), h.clone(), &info);
+        let (_dir, h, src) = guarded(Duration::from_millis(50));
         let release = Arc::new((Mutex::new(false), Condvar::new()));
         let r2 = release.clone();
         let err = src

@@ -727,7 +727,8 @@ mod tests {
 
     use super::*;
 
-    fn st(ino: u64, mode: u32) -> Stat {
+    /// A stat of object `ino` of type `mode` (also for `model_check.rs`).
+    pub(super) fn st(ino: u64, mode: u32) -> Stat {
         Stat {
             dev: 1,
             ino,
@@ -746,7 +747,7 @@ mod tests {
         }
     }
 
-    fn file(ino: u64) -> Stat {
+    pub(super) fn file(ino: u64) -> Stat {
         st(ino, libc::S_IFREG)
     }
 

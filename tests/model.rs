@@ -205,41 +205,13 @@ impl Harness {
 
     /// A handle operation on an empty slot goes to the next open slot instead (both sides
     /// hold the same slots open), so that fewer operations are no-ops.
-    fn redirect_to_open_slot(&self, op: Op) -> Op {
-        let to = |slot: usize| {
-            (0..SLOTS)
-                .map(|k| (slot + k) % SLOTS)
-                .find(|&k| self.mnt.slots[k].is_some())
-                .unwrap_or(slot)
-        };
-        match op {
-            Op::WriteHandle { slot, off, data } => Op::WriteHandle {
-                slot: to(slot),
-                off,
-                data,
-            },
-            Op::ReadHandle { slot, off, len } => Op::ReadHandle {
-                slot: to(slot),
-                off,
-                len,
-            },
-            Op::TruncateHandle { slot, len } => Op::TruncateHandle {
-                slot: to(slot),
-                len,
-            },
-            Op::StatHandle(slot) => Op::StatHandle(to(slot)),
-            Op::FsyncHandle(slot) => Op::FsyncHandle(to(slot)),
-            op => op,
-        }
-    }
-
     fn step(&mut self, op: &Op) -> Result<(), String> {
         let op = op.resolve_at(&self.reference.root);
         if self.passthrough && self.blocked_by_passthrough_reader(&op) {
             count(|c| c.skipped += 1);
             return Ok(());
         }
-        let op = self.redirect_to_open_slot(op);
+        let op = op.at_open_slot(|k| self.mnt.slots[k].is_some());
         self.done.push(op.clone());
         match op {
             Op::Reopen => {

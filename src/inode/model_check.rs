@@ -10,33 +10,10 @@ use std::time::Duration;
 use shuttle::sync::Mutex as ModelMutex;
 use shuttle::thread;
 
+use super::tests::{file, st};
 use super::{InodeLimits, InodeTable, ROOT_ID};
-use crate::source::Stat;
 
 const ITERATIONS: usize = 3000;
-
-fn st(ino: u64, mode: u32) -> Stat {
-    Stat {
-        dev: 1,
-        ino,
-        mode,
-        nlink: 1,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        size: 0,
-        blocks: 0,
-        blksize: 4096,
-        atime: (0, 0),
-        mtime: (0, 0),
-        ctime: (0, 0),
-        btime: (0, 0),
-    }
-}
-
-fn file(ino: u64) -> Stat {
-    st(ino, libc::S_IFREG)
-}
 
 /// A table that frees a forgotten entry at the first chance: no minimum age, no free
 /// entries kept, and a soft maximum of `max` entries.

@@ -314,6 +314,36 @@ pub fn intern(s: &str) -> &'static str {
 }
 
 impl Op {
+    /// This operation with its handle slot moved to the first open one from it, in slot
+    /// order (`is_open`), so that handle operations mostly act on an open handle.
+    pub fn at_open_slot(self, is_open: impl Fn(usize) -> bool) -> Op {
+        let to = |slot: usize| {
+            (0..SLOTS)
+                .map(|k| (slot + k) % SLOTS)
+                .find(|&k| is_open(k))
+                .unwrap_or(slot)
+        };
+        match self {
+            Op::WriteHandle { slot, off, data } => Op::WriteHandle {
+                slot: to(slot),
+                off,
+                data,
+            },
+            Op::ReadHandle { slot, off, len } => Op::ReadHandle {
+                slot: to(slot),
+                off,
+                len,
+            },
+            Op::TruncateHandle { slot, len } => Op::TruncateHandle {
+                slot: to(slot),
+                len,
+            },
+            Op::StatHandle(slot) => Op::StatHandle(to(slot)),
+            Op::FsyncHandle(slot) => Op::FsyncHandle(to(slot)),
+            op => op,
+        }
+    }
+
     /// The operation with every operand resolved in the tree at `root`, which is scanned
     /// only if an operand picks from it.
     pub fn resolve_at(&self, root: &Path) -> Op {
