@@ -95,6 +95,13 @@ pub fn errno(e: io::Error) -> Errno {
     }
 }
 
+/// A failed operation on the cache directory where the request cannot go on without it:
+/// `EIO`, with the cause logged.
+fn cache_failed(e: io::Error) -> Errno {
+    tracing::warn!("cache directory: {e}");
+    Errno::EIO
+}
+
 use entry::Env;
 pub use entry::FileState;
 
@@ -460,14 +467,14 @@ impl CachingFs {
 
     /// `racy_record_still_holds` for a loaded state, whose record is stamped anew if so.
     pub(super) fn settle_racy(&self, path: &Path, state: &mut FileState, st: &Stat) -> bool {
-        let Some(files) = state.files.as_ref() else {
+        let Some(files) = state.files() else {
             return false;
         };
-        let mut rec = state.record.clone();
+        let mut rec = state.record().clone();
         if !self.racy_record_still_holds(path, files, &mut rec, st) {
             return false;
         }
-        state.record.identity = rec.identity;
+        state.own_version(rec.identity);
         state.persist_record(&self.env(), false);
         true
     }

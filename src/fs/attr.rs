@@ -12,7 +12,7 @@ use std::sync::Arc;
 use fuser::{Errno, FileAttr};
 
 use super::{CachingFs, Inode, Result, attr_of, entry, errno};
-use crate::cache::store::{read_record, write_record};
+
 use crate::coherence::Notice;
 use crate::source::SourceReader;
 use crate::source::{SetAttr, Stat};
@@ -38,7 +38,7 @@ impl CachingFs {
             && let Some(state) = inode.file().as_ref()
         {
             // Handles that kept an old version see its size and times, as they read it.
-            let kept = &state.record.identity;
+            let kept = &state.record().identity;
             st.size = kept.size;
             st.blocks = kept.size.div_ceil(512);
             st.mtime = kept.mtime;
@@ -240,11 +240,11 @@ impl CachingFs {
                     .and_then(|fd| self.source.fstat(fd.as_fd()).ok())
                     .filter(|now| (now.dev, now.ino) == (after.dev, after.ino))
                     .unwrap_or(*after);
-                if (data_kept(&now) && state.record.identity.same_version(&self.identity(before)))
-                    || state.written
+                if (data_kept(&now) && state.record().identity.same_version(&self.identity(before)))
+                    || state.written()
                 {
-                    state.record.identity = self.recorded_identity(&now);
-                    if !state.written {
+                    state.own_version(self.recorded_identity(&now));
+                    if !state.written() {
                         state.persist_record(&self.env(), false);
                     }
                 }
@@ -255,14 +255,14 @@ impl CachingFs {
         let Some(files) = self.cache.open_existing(path) else {
             return;
         };
-        if let Ok(Some(Ok(mut rec))) = read_record(&files)
-            && !rec.dirty
-            && rec.identity.same_version(&self.identity(before))
-            && data_kept(after)
-        {
-            rec.identity = self.recorded_identity(after);
-            let _ = write_record(&files, &rec, false);
-        }
+        let _ = entry::closed::restamp(&files, false, |rec| {
+            let same =
+                !rec.dirty && rec.identity.same_version(&self.identity(before)) && data_kept(after);
+            if same {
+                rec.identity = self.recorded_identity(after);
+            }
+            same
+        });
     }
 
     fn truncate(
@@ -285,24 +285,10 @@ impl CachingFs {
             (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
         match guard.as_mut() {
-            Some(state) => match (&r, &after) {
-                (Ok(()), Ok(after)) => {
-                    let ok = state
-                        .files
-                        .as_ref()
-                        .map(|f| entry::counted(&self.usage, &f.data, || f.data.set_len(size)))
-                        .transpose()
-                        .is_ok();
-                    state.noted();
-                    if ok && after.size == size {
-                        state.record.resize(size);
-                        state.record.identity = self.recorded_identity(after);
-                    } else {
-                        state.drop_cached();
-                    }
-                }
-                _ => state.drop_cached(),
-            },
+            Some(state) => {
+                let after = after.as_ref().ok().filter(|_| r.is_ok());
+                state.truncated(&self.env(), size, after.map(|a| self.recorded_identity(a)));
+            }
             None => {
                 if let Some(Err(e)) = path.map(|p| self.uncache(p)) {
                     tracing::warn!(?path, "cannot drop cache entry: {e}");

@@ -172,7 +172,7 @@ impl CachingFs {
         // recorded since: a file that moved on is looked at again (outside the lock).
         for _ in 0..3 {
             let state = guard.as_ref()?;
-            if state.written || state.record.identity == self.identity(&st) {
+            if state.written() || state.record().identity == self.identity(&st) {
                 break;
             }
             drop(guard);
@@ -188,8 +188,8 @@ impl CachingFs {
         let now = self.identity(st);
         if inode.is_retired()
             || inode.is_changing()
-            || state.written
-            || state.record.identity == now
+            || state.written()
+            || state.record().identity == now
             || !self.coherence.tunables.stale_check.load(Relaxed)
             || (st.dev, st.ino) != inode.key
             // Checked by content last: it reads the source.
@@ -203,12 +203,12 @@ impl CachingFs {
             .counters
             .changes_detected
             .fetch_add(1, Relaxed);
-        let old = state.record.identity;
+        let old = state.record().identity;
         // A file no name leads to any more (renamed over, unlinked) had its ctime moved by
         // that, not its data.
         let data_event = data_event && st.nlink > 0;
         if !data_event && old.size == now.size && old.mtime == now.mtime {
-            state.record.identity = self.recorded_identity(st);
+            state.own_version(self.recorded_identity(st));
             state.persist_record(&self.env(), false);
             return Some(true);
         }

@@ -124,7 +124,7 @@ impl CachingFs {
                 let guard = inode.file();
                 let state = guard.as_ref()?;
                 let waiting = state.commit_ticket().and_then(|t| {
-                    let data = state.files.as_ref()?.data.try_clone().ok()?;
+                    let data = state.files()?.data.try_clone().ok()?;
                     Some((t, data))
                 });
                 drop(guard);

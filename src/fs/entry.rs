@@ -6,20 +6,23 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use fuser::BackingId;
 
-use crate::cache::record::DataIdentity;
+use crate::cache::record::{DataIdentity, chunk_count};
 use crate::cache::store::{CacheFiles, write_record};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::Usage;
 use crate::fetch::{FileFetch, SourceFd};
 use crate::source::{Stat, fstat};
 use crate::stats::{CacheCounters, Stats};
+
+pub(super) mod closed;
 
 /// What the entry's rules need of the file system around it.
 pub(super) struct Env<'a> {
@@ -42,15 +45,16 @@ pub(super) enum Stamped {
     Discarded,
 }
 
-/// Cache state of one regular file while it is open through the mount. The fields are
-/// still visible to the rest of `fs` (counts of opens, the fetch state); the record and
-/// the data file change only through the methods below.
+/// Cache state of one regular file while it is open through the mount. The record, the
+/// cache files and the written mark are private: the record and the data file change only
+/// through the methods below, which keep the crash rules. The open counts, descriptors and
+/// the fetch state are the open path's bookkeeping, visible to the rest of `fs`.
 #[derive(Debug)]
 pub struct FileState {
     /// The cache files; `None` when the cache cannot be used for this file (I/O errors),
     /// in which case every read goes to the source.
-    pub(super) files: Option<CacheFiles>,
-    pub(super) record: CacheRecord,
+    files: Option<CacheFiles>,
+    record: CacheRecord,
     /// A read-only descriptor of the source file, for fetching; opened while the file is
     /// not fully cached, so that fetches work even after the name is unlinked. Counted
     /// against `fetch_fds`; fetches in flight hold it too.
@@ -72,7 +76,7 @@ pub struct FileState {
     /// Chunks fetched since the record was last made durable.
     unsynced: u32,
     /// A write went to the source since the last checkpoint (the on-disk record is dirty).
-    pub(super) written: bool,
+    written: bool,
     /// Fills or writes handed to the group commit (`fs/commit.rs`): the record on disk is
     /// dirty or claims less than `record`, until a sync of the cache covers the data and
     /// the record is written after it (`commit_synced`).
@@ -120,6 +124,59 @@ impl FileState {
             loaded_stat: None,
             confirmed: None,
         }
+    }
+
+    /// The record as loaded and kept since: the version cached, its chunks, its use.
+    pub(super) fn record(&self) -> &CacheRecord {
+        &self.record
+    }
+
+    /// The cache files; `None` when the cache is not used for this file.
+    pub(super) fn files(&self) -> Option<&CacheFiles> {
+        self.files.as_ref()
+    }
+
+    /// A write went to the source since the last checkpoint: the record on disk is dirty,
+    /// and the source's changes meanwhile are the mount's own.
+    pub(super) fn written(&self) -> bool {
+        self.written
+    }
+
+    /// Takes the cache files of the entry: with `valid`, the record read from them, which
+    /// vouches for their data as it is on disk; without, the caller resets the entry
+    /// (`reset_as`) before anything is served.
+    pub(super) fn attach(&mut self, files: CacheFiles, valid: Option<CacheRecord>) {
+        self.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
+        self.files = Some(files);
+        if let Some(rec) = valid {
+            // As the record found it: what the record vouches for.
+            self.fetch.set_own(Some(rec.data));
+            self.record = rec;
+        }
+    }
+
+    /// Takes `files` as a new, empty cache entry: a file created through the mount (or,
+    /// offline, one that nothing was cached of, about to be written whole). The data file
+    /// is emptied and the empty record written (durably with `durable`) before anything
+    /// else can read them.
+    pub(super) fn attach_empty(&mut self, files: CacheFiles, durable: bool) -> io::Result<()> {
+        files.data.set_len(0)?;
+        self.record.resize(0);
+        write_record(&files, &self.record, durable)?;
+        self.attach(files, None);
+        self.noted();
+        Ok(())
+    }
+
+    /// The file is in use now: its last use (for the cleaner's LRU) goes into the record
+    /// with its next write.
+    pub(super) fn used_now(&mut self) {
+        self.record.last_used = super::now_millis();
+    }
+
+    /// Chunk `c` was read at `minute` (the cleaner evicts chunks by their last read).
+    pub(super) fn chunk_read(&mut self, c: u64, minute: u32) {
+        self.record.touch(c, minute);
     }
 
     /// Nobody has the file open through the mount, nor waits to (the state may still be
@@ -294,12 +351,220 @@ impl FileState {
         }
     }
 
+    /// Writes `bytes`, chunk `c` of the version cached as read from the source, into the
+    /// data file, and claims it (`filled`).
+    pub(super) fn fill(&mut self, env: &Env, c: u64, bytes: &[u8]) -> io::Result<()> {
+        let files = (self.files.as_ref()).ok_or(io::Error::from_raw_os_error(libc::EIO))?;
+        let w = files.data.write_all_at(bytes, c * self.record.chunk_size);
+        self.fetch.note_written(&files.data);
+        w?;
+        env.usage.add(bytes.len() as u64);
+        self.filled(c);
+        Ok(())
+    }
+
+    /// Keeps this state's data file for its open handles while the cache entry on disk
+    /// passes to a new version (`CachingFs::keep_version`): from here on the state's
+    /// record is written to a scratch file nobody reads, and the entry at `new_entry`'s
+    /// path gets its empty record and a new data file (if that fails, the entry is
+    /// dropped, record first, so that nothing ever writes to the file the handles read).
+    /// An error means nothing changed.
+    pub(super) fn keep_apart(
+        &mut self,
+        env: &Env,
+        new_entry: Option<(&Path, &CacheRecord)>,
+    ) -> io::Result<()> {
+        let files = (self.files.as_mut()).ok_or(io::Error::from_raw_os_error(libc::EIO))?;
+        let scratch = crate::cache::store::scratch_file()?;
+        let meta = std::mem::replace(&mut files.meta, scratch);
+        if let Some((path, rec)) = new_entry {
+            let moved = files.data.try_clone().and_then(|data| {
+                let mut entry = CacheFiles { data, meta };
+                fresh_data(env, &mut entry, rec, true, Some(path), true)
+            });
+            if let Err(e) = moved {
+                tracing::warn!(?path, "cannot cache the new version apart: {e}");
+                Stats::add(&env.stats.cache_errors, 1);
+                if let Err(e) = env.cache.remove(path) {
+                    tracing::warn!(?path, "cannot drop cache entry: {e}");
+                }
+            }
+        }
+        // Replaced by our rename: the old file's ctime moved with its link count.
+        self.noted();
+        Ok(())
+    }
+
     /// Chunk `c` now holds the source's bytes in the data file (fetched): the record
     /// claims it, durably only after a checkpoint or a commit.
     pub(super) fn filled(&mut self, c: u64) {
         self.record.set_present(c, true);
         self.unsynced += 1;
         self.changes += 1;
+    }
+
+    /// The source holds `identity` now, by a change the mount made whose effect on the
+    /// bytes the entry already has (or that changed none: attributes, times, an upload of
+    /// the data file itself). The record says so with its next write.
+    pub(super) fn own_version(&mut self, identity: SourceIdentity) {
+        self.record.identity = identity;
+    }
+
+    /// The file's times as the mount set them where the source keeps them only later (an
+    /// object store uploads at close; offline, the log replays them).
+    pub(super) fn set_times(&mut self, mtime: (i64, u32), ctime: Option<(i64, u32)>) {
+        self.record.identity.mtime = mtime;
+        if let Some(ctime) = ctime {
+            self.record.identity.ctime = ctime;
+        }
+    }
+
+    /// A write of `data` at `offset` went through to the source, which is now `after`: the
+    /// same bytes go into the data file and the chunks the write covers wholly are claimed
+    /// (claims become durable at the next checkpoint; the record is dirty meanwhile,
+    /// `mark_written`). A cache error, a full cache, or a source size that shows someone
+    /// else's change meanwhile leave nothing of the file cached but an empty entry of the
+    /// source's size.
+    pub(super) fn wrote_through(
+        &mut self,
+        env: &Env,
+        offset: u64,
+        data: &[u8],
+        after: SourceIdentity,
+    ) {
+        if let Some(files) = &self.files {
+            let end = offset + data.len() as u64;
+            let old_size = self.record.identity.size;
+            // A full cache stops caching this file rather than grow past its limit.
+            let admitted = env.usage.may_grow(data.len() as u64);
+            let r = (|| -> io::Result<()> {
+                if !admitted {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                // Counted by what the data file grew on disk: an overwrite adds nothing.
+                counted(env.usage, &files.data, || {
+                    if end > old_size {
+                        files.data.set_len(end)?;
+                    }
+                    files.data.write_all_at(data, offset)
+                })
+            })();
+            if r.is_err() || after.size != old_size.max(end) {
+                if r.is_err() && admitted {
+                    Stats::add(&env.stats.cache_errors, 1);
+                }
+                self.emptied(after.size);
+            } else {
+                self.record.resize(end.max(old_size));
+                // Chunks wholly covered by the write now hold the source's bytes.
+                let cs = self.record.chunk_size;
+                let first_full = offset.div_ceil(cs);
+                let last_full = if end == after.size {
+                    chunk_count(end, cs)
+                } else {
+                    end / cs
+                };
+                for c in first_full..last_full {
+                    self.record.set_present(c, true);
+                }
+            }
+            self.noted();
+        }
+        self.record.identity = after;
+    }
+
+    /// The source file was truncated to `size` by the mount and is now `after` (`None`: its
+    /// state after the call is unknown): the data file is cut the same way, or nothing of
+    /// it is kept.
+    pub(super) fn truncated(&mut self, env: &Env, size: u64, after: Option<SourceIdentity>) {
+        let Some(after) = after else {
+            self.drop_cached();
+            return;
+        };
+        let cut = (self.files.as_ref())
+            .map(|f| counted(env.usage, &f.data, || f.data.set_len(size)))
+            .transpose()
+            .is_ok();
+        self.noted();
+        if cut && after.size == size {
+            self.record.resize(size);
+            self.record.identity = after;
+        } else {
+            self.drop_cached();
+        }
+    }
+
+    /// An `fallocate(mode, offset, length)` was sent to the source (`applied`: it
+    /// succeeded), which is now `after` (`None`: unknown). The data file gets the same
+    /// where that keeps its bytes at the source's offsets; otherwise (collapse, insert, an
+    /// error) nothing of it is kept but an empty entry of the source's size.
+    pub(super) fn fallocated(
+        &mut self,
+        applied: bool,
+        mode: i32,
+        offset: u64,
+        length: u64,
+        after: Option<SourceIdentity>,
+    ) {
+        let Some(after) = after else {
+            self.drop_cached();
+            self.noted();
+            return;
+        };
+        let shifts = libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE;
+        let same_on_cache = applied
+            && mode & shifts == 0
+            && self.files.as_ref().is_some_and(|f| {
+                // SAFETY: a plain syscall on a descriptor the entry owns.
+                unsafe {
+                    libc::fallocate(f.data.as_raw_fd(), mode, offset as i64, length as i64) == 0
+                }
+            });
+        if same_on_cache {
+            self.record.resize(after.size);
+        } else {
+            self.emptied(after.size);
+        }
+        self.record.identity = after;
+        self.noted();
+    }
+
+    /// Keeps nothing of the file but an empty entry of `size` bytes (the record durably
+    /// empty first, `drop_cached`).
+    fn emptied(&mut self, size: u64) {
+        self.drop_cached();
+        if let Some(f) = &self.files {
+            let _ = f.data.set_len(0).and_then(|_| f.data.set_len(size));
+        }
+        self.record.resize(size);
+        for c in 0..self.record.nchunks() {
+            self.record.set_present(c, false);
+        }
+    }
+
+    /// Offline (`--offline-writes=log`): `change(data, size)` edits the data file of a
+    /// file cached whole and returns its new size; the record is marked dirty (durably)
+    /// first, stays whole, and takes the new size and `now` as its times.
+    pub(super) fn modify_whole(
+        &mut self,
+        env: &Env,
+        now: (i64, u32),
+        change: impl FnOnce(&File, u64) -> io::Result<u64>,
+    ) -> io::Result<()> {
+        self.fetch.invalidate();
+        self.mark_written(env);
+        let files = (self.files.as_ref()).ok_or(io::Error::from_raw_os_error(libc::EIO))?;
+        let size = change(&files.data, self.record.identity.size);
+        self.fetch.note_written(&files.data);
+        let size = size?;
+        self.record.resize(size);
+        for c in 0..self.record.nchunks() {
+            self.record.set_present(c, true);
+        }
+        self.record.identity.size = size;
+        self.record.identity.mtime = now;
+        self.record.identity.ctime = now;
+        Ok(())
     }
 
     /// Whether the record on disk may claim less than `record`, or be dirty.
@@ -684,5 +949,187 @@ mod tests {
         s.discard_foreign_data(&env);
         assert!(s.files.is_some());
         assert!(s.data_is_ours(), "from here the file is hoardfs's");
+    }
+
+    /// The identity of the two-chunk file of `Fixture::state` at another size.
+    fn sized(state: &FileState, size: u64) -> SourceIdentity {
+        SourceIdentity {
+            size,
+            ..state.record.identity
+        }
+    }
+
+    #[test]
+    fn a_write_through_claims_the_chunks_it_covers_wholly_and_only_after_a_checkpoint() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        s.mark_written(&env);
+        // The whole of chunk 0 and the start of chunk 1.
+        let data = vec![7u8; CHUNK as usize + 10];
+        s.wrote_through(&env, 0, &data, sized(&s, 2 * CHUNK));
+        assert!(s.record.is_present(0) && !s.record.is_present(1));
+        let mut back = vec![0u8; data.len()];
+        s.files
+            .as_ref()
+            .unwrap()
+            .data
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        assert_eq!(back, data);
+        assert_eq!(on_disk(&s), (true, 0), "dirty on disk until the checkpoint");
+        s.checkpoint(&env);
+        assert_eq!(on_disk(&s), (false, 1));
+        // A write past the end that the source's size confirms: the last chunk, partial,
+        // holds every byte of the file there is.
+        s.mark_written(&env);
+        s.wrote_through(&env, 2 * CHUNK, b"tail", sized(&s, 2 * CHUNK + 4));
+        assert!(s.record.is_present(2), "the new last chunk");
+        assert_eq!(s.record.identity.size, 2 * CHUNK + 4);
+    }
+
+    #[test]
+    fn a_write_whose_source_size_shows_another_change_keeps_nothing() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        fill(&mut s, 1);
+        s.checkpoint(&env);
+        s.mark_written(&env);
+        // Someone else extended the file meanwhile: the source is longer than this write
+        // explains, and the bytes between are nobody's known.
+        s.wrote_through(&env, 0, b"x", sized(&s, 5 * CHUNK));
+        assert_eq!(s.record.present_count(), 0);
+        assert_eq!(
+            on_disk(&s),
+            (false, 0),
+            "the empty record went to disk first"
+        );
+        assert_eq!(s.record.identity.size, 5 * CHUNK);
+        let len = s.files.as_ref().unwrap().data.metadata().unwrap().len();
+        assert_eq!(len, 5 * CHUNK, "a data file of the source's size");
+    }
+
+    #[test]
+    fn a_truncation_cuts_the_data_file_or_keeps_nothing() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        fill(&mut s, 1);
+        s.checkpoint(&env);
+        s.mark_written(&env);
+        s.truncated(&env, CHUNK, Some(sized(&s, CHUNK)));
+        assert_eq!((s.record.nchunks(), s.record.present_count()), (1, 1));
+        let len = s.files.as_ref().unwrap().data.metadata().unwrap().len();
+        assert_eq!(len, CHUNK);
+        s.checkpoint(&env);
+        assert_eq!(on_disk(&s), (false, 1));
+        // The source did not end up at the size asked for: nothing is kept.
+        s.mark_written(&env);
+        s.truncated(&env, 10, Some(sized(&s, 20)));
+        assert_eq!(s.record.present_count(), 0);
+        assert_eq!(on_disk(&s), (false, 0));
+    }
+
+    #[test]
+    fn an_fallocate_that_shifts_bytes_keeps_nothing() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        fill(&mut s, 1);
+        s.checkpoint(&env);
+        s.mark_written(&env);
+        // Preallocation past the end keeps every byte where it was.
+        let keep = libc::FALLOC_FL_KEEP_SIZE;
+        s.fallocated(true, keep, 0, 4 * CHUNK, Some(sized(&s, 2 * CHUNK)));
+        assert_eq!(s.record.present_count(), 2);
+        // A collapse moves the source's bytes: the cache keeps none.
+        let collapse = libc::FALLOC_FL_COLLAPSE_RANGE;
+        s.fallocated(true, collapse, 0, CHUNK, Some(sized(&s, CHUNK)));
+        assert_eq!(
+            (s.record.identity.size, s.record.present_count()),
+            (CHUNK, 0)
+        );
+        assert_eq!(on_disk(&s), (false, 0));
+    }
+
+    #[test]
+    fn a_new_entry_is_empty_on_disk_before_it_is_used() {
+        let f = Fixture::new();
+        let env = f.env();
+        let files = f.cache.open_files(Path::new("new")).unwrap();
+        files.data.write_all_at(b"left over", 0).unwrap();
+        let mut s = FileState::new(CacheRecord::empty(SourceIdentity::default(), CHUNK));
+        s.attach_empty(files, true).unwrap();
+        assert_eq!(s.files.as_ref().unwrap().data.metadata().unwrap().len(), 0);
+        assert_eq!(on_disk(&s), (false, 0));
+        assert!(s.complete(), "an empty file is whole");
+        assert!(s.data_is_ours());
+        s.mark_written(&env);
+        assert!(on_disk(&s).0);
+    }
+
+    #[test]
+    fn a_closed_entry_is_restamped_only_as_its_change_says() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        s.checkpoint(&env);
+        let files = f.cache.open_existing(Path::new("a")).unwrap();
+        let declined = closed::restamp(&files, false, |rec| {
+            rec.identity.mtime = (99, 0);
+            false
+        });
+        assert!(!declined.unwrap());
+        let read = |files: &CacheFiles| {
+            crate::cache::store::read_record(files)
+                .unwrap()
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(
+            read(&files).identity.mtime,
+            (1, 0),
+            "a declined change writes nothing"
+        );
+        let done = closed::restamp(&files, true, |rec| {
+            rec.identity.mtime = (99, 0);
+            true
+        });
+        assert!(done.unwrap());
+        let rec = read(&files);
+        assert_eq!((rec.identity.mtime, rec.present_count()), ((99, 0), 1));
+    }
+
+    #[test]
+    fn an_evicted_chunk_is_no_longer_claimed_and_the_rest_still_is() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        fill(&mut s, 1);
+        s.checkpoint(&env);
+        drop(s);
+        let freed = closed::evict_chunks(&f.cache, Path::new("a"), &[0]);
+        assert_eq!(freed, CHUNK);
+        let files = f.cache.open_existing(Path::new("a")).unwrap();
+        // Whole and checked against its data file (punching moved the data's ctime).
+        let rec = crate::cache::store::read_record(&files)
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(!rec.is_present(0) && rec.is_present(1));
+        let mut chunk = vec![1u8; CHUNK as usize];
+        files.data.read_exact_at(&mut chunk, 0).unwrap();
+        assert!(chunk.iter().all(|&b| b == 0), "punched out");
+        files.data.read_exact_at(&mut chunk, CHUNK).unwrap();
+        assert!(chunk.iter().all(|&b| b == 2), "chunk 1 kept");
+        // The last claimed chunk takes the entry with it.
+        assert_eq!(closed::evict_chunks(&f.cache, Path::new("a"), &[1]), CHUNK);
+        assert!(f.cache.open_existing(Path::new("a")).is_none());
     }
 }

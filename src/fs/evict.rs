@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use super::CachingFs;
-use crate::cache::store::{read_record, write_record};
 use crate::cleaner::EvictTarget;
 
 impl EvictTarget for CachingFs {
@@ -30,7 +29,7 @@ impl EvictTarget for CachingFs {
             return 0;
         }
         if let Some(chunks) = chunks {
-            return self.evict_chunks(rel, chunks);
+            return super::entry::closed::evict_chunks(&self.cache, rel, chunks);
         }
         let bytes = self.cache.data_bytes(rel);
         // The record goes first: without it the data is never served.
@@ -45,55 +44,5 @@ impl EvictTarget for CachingFs {
 
     fn cache_fs_free(&self) -> u64 {
         self.cache.fs_free().unwrap_or(u64::MAX)
-    }
-}
-
-impl CachingFs {
-    /// Drops some chunks of a file nobody has open (caller holds `evict_lock` for writing):
-    /// the record stops claiming them (durably) before their bytes are punched out.
-    fn evict_chunks(&self, rel: &Path, chunks: &[u64]) -> u64 {
-        let Some(files) = self.cache.open_existing(rel) else {
-            return 0;
-        };
-        let Ok(Some(Ok(mut rec))) = read_record(&files) else {
-            return 0;
-        };
-        let mut freed = 0;
-        for &c in chunks {
-            if !rec.is_present(c) {
-                continue;
-            }
-            rec.set_present(c, false);
-            freed += rec.chunk_size.min(rec.identity.size - c * rec.chunk_size);
-        }
-        if freed == 0 {
-            return 0;
-        }
-        if rec.present_count() == 0 {
-            // Nothing left: drop the entry entirely.
-            let bytes = self.cache.data_bytes(rel);
-            return self.cache.remove(rel).map(|_| bytes).unwrap_or(0);
-        }
-        if write_record(&files, &rec, true).is_err() {
-            return 0;
-        }
-        for &c in chunks {
-            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-            let off = (c * rec.chunk_size) as i64;
-            // Without hole punching the bytes stay until the file is evicted or refetched;
-            // the record no longer claims them either way.
-            unsafe {
-                libc::fallocate(
-                    std::os::fd::AsRawFd::as_raw_fd(&files.data),
-                    punch,
-                    off,
-                    rec.chunk_size as i64,
-                )
-            };
-        }
-        // Punching moved the data file's ctime: vouch for the punched file (a crash before
-        // this only loses the file's cache, since the record no longer matches its data).
-        let _ = write_record(&files, &rec, false);
-        freed
     }
 }

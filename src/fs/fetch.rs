@@ -80,23 +80,23 @@ impl CachingFs {
     fn read_once(&self, h: &Handle, offset: u64, size: u32) -> Result<Option<Vec<u8>>> {
         let mut guard = h.inode.file();
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
-        let file_size = state.record.identity.size;
+        let file_size = state.record().identity.size;
         if offset >= file_size {
             return Ok(Some(Vec::new()));
         }
         let end = file_size.min(offset + size as u64);
-        if state.files.is_none() || state.fetch.data.is_none() {
+        if state.files().is_none() || state.fetch.data.is_none() {
             drop(guard);
             return self.read_source(h, offset, size).map(Some);
         }
-        let cs = state.record.chunk_size;
+        let cs = state.record().chunk_size;
         let ff = state.fetch.clone();
         let epoch = ff.epoch();
         let (first, last) = (offset / cs, (end - 1) / cs);
         // The fetch descriptor is closed once a file is complete; a reset since needs it.
-        if state.fetch_src.is_none() && (first..=last).any(|c| !state.record.is_present(c)) {
+        if state.fetch_src.is_none() && (first..=last).any(|c| !state.record().is_present(c)) {
             state.fetch_src = h.inode.path().and_then(|p| {
-                let id = &state.record.identity;
+                let id = &state.record().identity;
                 self.fetcher.open_source(|| self.open_fetch_reader(&p, id))
             });
         }
@@ -110,8 +110,8 @@ impl CachingFs {
         let mut present_at_plan = true;
         let mut startable = true;
         for c in first..=last {
-            state.record.touch(c, minute);
-            if state.record.is_present(c) {
+            state.chunk_read(c, minute);
+            if state.record().is_present(c) {
                 if ff.take_prefetched(c) {
                     Stats::add(&self.stats.cache.prefetch_hits, 1);
                 }
@@ -148,10 +148,10 @@ impl CachingFs {
         if let Some(src) = state.fetch_src.clone() {
             let window = self.fetcher.tun.window.load(Relaxed);
             for c in h.fetch.observe(offset, end, cs, window) {
-                if c >= state.record.nchunks() {
+                if c >= state.record().nchunks() {
                     break;
                 }
-                if state.record.is_present(c) || flights.contains_key(&c) {
+                if state.record().is_present(c) || flights.contains_key(&c) {
                     continue;
                 }
                 if !self.usage.may_grow(chunk_len(c)) {
@@ -484,7 +484,7 @@ impl CachingFs {
         if let Some(state) = guard.as_mut()
             && Arc::ptr_eq(&state.fetch, ctx.ff)
             && ctx.ff.epoch() == f.epoch
-            && state.files.is_some()
+            && state.files().is_some()
         {
             end = End::Complete;
             state.filled(f.chunk);
@@ -497,19 +497,19 @@ impl CachingFs {
             // A file completed while an open waits for its whole-file fetch is made
             // durable at its last close (FUSE sends that release after close(2) has
             // returned), not on the open's path.
-            let complete = state.record.is_complete();
+            let complete = state.record().is_complete();
             if state.unsynced_fills() >= self.cfg.checkpoint_chunks {
                 state.checkpoint(&self.env());
             } else if complete && state.opening == 0 {
                 // A file fetched whole (a prefetch, or its last chunk read): the group
                 // commit makes it durable, unless written through the mount meanwhile.
-                if state.written {
+                if state.written() {
                     state.checkpoint(&self.env());
                 } else {
                     self.checkpoint_soon(ctx.inode.id, state);
                 }
             }
-            if state.record.is_complete() {
+            if state.record().is_complete() {
                 // Nothing left to fetch: give the descriptor back (jobs still holding it
                 // close it when they end).
                 state.fetch_src = None;
@@ -530,7 +530,7 @@ impl CachingFs {
         }
         // Durable now, even if fetches still in flight keep the state loaded a little
         // longer (the last of them unloads it).
-        state.record.last_used = now_millis();
+        state.used_now();
         if !state.needs_checkpoint() {
             state.persist_record(&self.env(), false);
         } else if self.checkpoint_soon(inode.id, state) {

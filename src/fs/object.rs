@@ -15,9 +15,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{Errno, FileAttr, FopenFlags};
 
 use super::Inode;
-use super::{CachingFs, FileState, Handle, Opened, Result, Writes, attr_of, child, errno};
-use crate::cache::store::write_record;
-use crate::fetch::{FileFetch, HandleFetch};
+use super::{
+    CachingFs, FileState, Handle, Opened, Result, Writes, attr_of, cache_failed, child, errno,
+};
+use crate::fetch::HandleFetch;
 use crate::source::{SetAttr, Stat, TimeSpec};
 
 fn time_of((s, ns): (i64, u32)) -> SystemTime {
@@ -38,7 +39,7 @@ impl CachingFs {
         flags: i32,
     ) -> Result<()> {
         if flags & libc::O_TRUNC != 0 {
-            if state.record.identity.size > 0 || state.files.is_none() {
+            if state.record().identity.size > 0 || state.files().is_none() {
                 self.offline_modify(state, Some(path), |f, _| f.set_len(0).map(|_| 0))?;
             }
             return Ok(());
@@ -47,7 +48,7 @@ impl CachingFs {
             if state.fetch_src.is_none() {
                 state.fetch_src = self
                     .fetcher
-                    .open_source(|| self.open_fetch_reader(path, &state.record.identity));
+                    .open_source(|| self.open_fetch_reader(path, &state.record().identity));
             }
             self.fetch_all(state);
         }
@@ -83,15 +84,15 @@ impl CachingFs {
     /// Uploads a file written through the mount, if it was, and makes the cache record
     /// name the new object (clean again).
     pub(super) fn object_store(&self, inode: &Inode, state: &mut FileState) -> Result<()> {
-        if !state.written {
+        if !state.written() {
             return Ok(());
         }
         let Some(path) = inode.path() else {
             return Ok(()); // unlinked while open: nothing to upload
         };
-        let files = state.files.as_ref().ok_or(Errno::EIO)?;
+        let files = state.files().ok_or(Errno::EIO)?;
         let keep = self.source.stat(&path).ok();
-        let mtime = time_of(state.record.identity.mtime);
+        let mtime = time_of(state.record().identity.mtime);
         let after = self
             .source
             .upload(&path, &files.data, keep, mtime)
@@ -101,7 +102,7 @@ impl CachingFs {
             })?;
         Stats::add(&self.stats.cache.uploads, 1);
         Stats::add(&self.stats.cache.bytes_uploaded, after.size);
-        state.record.identity = self.identity(&after);
+        state.own_version(self.identity(&after));
         state.checkpoint(&self.env());
         Ok(())
     }
@@ -131,8 +132,7 @@ impl CachingFs {
         // The empty object at once, so that the name exists for everyone (and a
         // following stat finds it) before the first close uploads the content.
         let _ = self.uncache(&path);
-        let files = self.cache.open_files(&path).map_err(|_| Errno::EIO)?;
-        files.data.set_len(0).map_err(|_| Errno::EIO)?;
+        let files = self.cache.open_files(&path).map_err(cache_failed)?;
         let owner = self.new_owner(&dir, uid, gid)?;
         let keep = Stat {
             mode: mode & 0o7777,
@@ -147,9 +147,7 @@ impl CachingFs {
         self.listing_changed(&dir);
         let inode = self.inodes.lookup(parent, &path, &st);
         let mut state = self.empty_state(self.identity(&st));
-        write_record(&files, &state.record, true).map_err(|_| Errno::EIO)?;
-        state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
-        state.files = Some(files);
+        state.attach_empty(files, true).map_err(cache_failed)?;
         state.daemon_opens = 1;
         {
             let mut guard = inode.file();
@@ -268,16 +266,17 @@ impl CachingFs {
         if after.is_file() {
             let mut guard = inode.file();
             if let Some(state) = guard.as_mut() {
-                if state.written {
+                if state.written() {
                     // Uploaded at close: its times are the record's until then.
                     if let Some(t) = attr.mtime {
-                        state.record.identity.mtime = match t {
+                        let mtime = match t {
                             TimeSpec::Now => super::reintegrate::now_ts(),
                             TimeSpec::At(s, ns) => (s, ns),
                         };
+                        state.set_times(mtime, None);
                     }
                 } else {
-                    state.record.identity = self.identity(&after);
+                    state.own_version(self.identity(&after));
                     state.persist_record(&self.env(), false);
                 }
             } else {
@@ -317,10 +316,10 @@ impl CachingFs {
         }
         let Ok(inode) = self.inode(id) else { return };
         let guard = inode.file();
-        if let Some(state) = guard.as_ref().filter(|s| s.written) {
-            st.size = state.record.identity.size;
+        if let Some(state) = guard.as_ref().filter(|s| s.written()) {
+            st.size = state.record().identity.size;
             st.blocks = st.size.div_ceil(512);
-            st.mtime = state.record.identity.mtime;
+            st.mtime = state.record().identity.mtime;
         }
     }
 }

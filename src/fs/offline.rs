@@ -327,9 +327,9 @@ impl CachingFs {
                 (Err(_), Some(st)) => st,
                 (Err(e), None) => return Err(e),
             };
-            st.size = state.record.identity.size;
-            st.mtime = state.record.identity.mtime;
-            st.ctime = state.record.identity.ctime;
+            st.size = state.record().identity.size;
+            st.mtime = state.record().identity.mtime;
+            st.ctime = state.record().identity.ctime;
             return Ok(attr_of(inode.id, &st));
         }
         let path = inode.path().ok_or(Errno::ENOENT)?;
@@ -423,10 +423,7 @@ impl CachingFs {
                 .metadata()
                 .is_ok_and(|m| m.len() == rec.identity.size)
         {
-            state.fetch = Arc::new(crate::fetch::FileFetch::new(files.data.try_clone().ok()));
-            state.fetch.set_own(Some(rec.data));
-            state.record = rec;
-            state.files = Some(files);
+            state.attach(files, Some(rec));
         }
         state
     }

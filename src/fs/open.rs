@@ -208,7 +208,7 @@ impl CachingFs {
         };
         let whole = guard
             .as_ref()
-            .is_some_and(|s| s.complete() && s.files.is_some());
+            .is_some_and(|s| s.complete() && s.files().is_some());
         if !during
             || !whole
             || flags & libc::O_ACCMODE != libc::O_RDONLY
@@ -290,8 +290,9 @@ impl CachingFs {
         let mut tries = 0;
         // (A file not open is looked at again by `load_state`, on a mismatch only.)
         while let Some(state) = guard.as_ref() {
-            let differs =
-                self.stale_check() && !state.written && state.record.identity != self.identity(&st);
+            let differs = self.stale_check()
+                && !state.written()
+                && state.record().identity != self.identity(&st);
             tries += 1;
             if !differs || tries > OWN_CHANGE_TRIES {
                 break;
@@ -335,8 +336,8 @@ impl CachingFs {
                     keep_cache = false;
                 }
                 if self.stale_check()
-                    && !state.written
-                    && state.record.identity != self.identity(&st)
+                    && !state.written()
+                    && state.record().identity != self.identity(&st)
                     && !self.settle_racy(&path, state, &st)
                 {
                     // Changed behind the mount while open, before the watcher or a lease
@@ -358,7 +359,7 @@ impl CachingFs {
         // again and found another).
         if let Some(state) = guard.as_mut()
             && self.identity(&st) == seen
-            && state.record.identity == seen
+            && state.record().identity == seen
         {
             state.confirmed = Some(looked_at);
         }
@@ -405,7 +406,7 @@ impl CachingFs {
         if !state.complete() && state.fetch_src.is_none() {
             state.fetch_src = self
                 .fetcher
-                .open_source(|| self.open_fetch_reader(&path, &state.record.identity));
+                .open_source(|| self.open_fetch_reader(&path, &state.record().identity));
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).
@@ -438,9 +439,9 @@ impl CachingFs {
         // the kernel takes only another passthrough open: fetched under the mutex then.
         let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
         if readable
-            && state.files.is_some()
-            && !state.record.is_complete()
-            && state.record.identity.size <= self.cfg.whole_file_threshold
+            && state.files().is_some()
+            && !state.record().is_complete()
+            && state.record().identity.size <= self.cfg.whole_file_threshold
         {
             if state.passthrough_opens > 0 {
                 self.fetch_all(state);
@@ -485,7 +486,7 @@ impl CachingFs {
             let existing = state.backing.upgrade();
             let b = match existing {
                 Some(b) => Some(b),
-                None => match make_backing(&state.files.as_ref().unwrap().data) {
+                None => match make_backing(&state.files().unwrap().data) {
                     Ok(b) => {
                         let b = Arc::new(b);
                         state.backing = Arc::downgrade(&b);

@@ -3,15 +3,13 @@
 //! for the handles open on the old one, unloaded; and chunks fetched under its mutex.
 
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{CachingFs, FileState, Inode, entry, now_millis};
-use crate::cache::store::{CacheFiles, read_record};
+use super::{CachingFs, FileState, Inode};
+use crate::cache::store::read_record;
 use crate::cache::{CacheRecord, SourceIdentity};
 use crate::coherence::Notice;
-use crate::fetch::FileFetch;
 use crate::source::Stat;
 use crate::stats::Stats;
 
@@ -59,7 +57,7 @@ impl CachingFs {
             }
         };
         let data_len = files.data.metadata().map(|m| m.len()).ok();
-        let mut reset = true;
+        let mut valid = None;
         // Without a record nothing of this file can be served after a crash, so its first
         // empty record need not be durable (one fsync less per newly cached file).
         let mut had_record = true;
@@ -81,8 +79,7 @@ impl CachingFs {
                         || !self.stale_check()
                         || self.racy_record_still_holds(path, &files, &mut rec, st));
                 if matches {
-                    state.record = rec;
-                    reset = false;
+                    valid = Some(rec);
                 } else {
                     Stats::add(&self.stats.cache.stale_invalidations, 1);
                 }
@@ -116,8 +113,8 @@ impl CachingFs {
                 Stats::add(&self.stats.cache.cache_errors, 1);
             }
         }
-        state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
-        state.files = Some(files);
+        let reset = valid.is_none();
+        state.attach(files, valid);
         if reset {
             // A file just created included: with no record before it, no crash can pair
             // its data file with a record that claims bytes (a later write marks the
@@ -128,11 +125,8 @@ impl CachingFs {
                 had_record,
                 Some(path),
             );
-        } else {
-            // As read_record found it: what the record vouches for.
-            state.fetch.set_own(Some(state.record.data));
         }
-        state.record.last_used = now_millis();
+        state.used_now();
         state.loaded_stat = Some(*st);
         (state, reset)
     }
@@ -179,43 +173,19 @@ impl CachingFs {
         if opens == 0
             || state.writers > 0
             || !state.complete()
-            || state.written
-            || state.record.dirty
+            || state.written()
+            || state.record().dirty
             || state.offline_base.is_some()
         {
             return false;
         }
-        let Some(files) = state.files.as_mut() else {
-            return false;
-        };
-        let scratch = match crate::cache::store::scratch_file() {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!("cannot keep an old version apart: {e}");
-                return false;
-            }
-        };
-        // From here on nothing this state writes reaches the entry's record.
-        let meta = std::mem::replace(&mut files.meta, scratch);
         let path = self.own_path(inode);
-        if let Some(path) = &path {
-            let rec = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
-            let moved = files.data.try_clone().and_then(|data| {
-                let mut entry = CacheFiles { data, meta };
-                entry::fresh_data(&self.env(), &mut entry, &rec, true, Some(path), true)
-            });
-            if let Err(e) = moved {
-                // The old data file may still be the entry's: drop the entry (record
-                // first), so that nothing ever writes to the file the old handles read.
-                tracing::warn!(?path, "cannot cache the new version apart: {e}");
-                Stats::add(&self.stats.cache.cache_errors, 1);
-                if let Err(e) = self.cache.remove(path) {
-                    tracing::warn!(?path, "cannot drop cache entry: {e}");
-                }
-            }
+        let new_version = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
+        let new_entry = path.as_deref().map(|p| (p, &new_version));
+        if let Err(e) = state.keep_apart(&self.env(), new_entry) {
+            tracing::warn!("cannot keep an old version apart: {e}");
+            return false;
         }
-        // Replaced by our rename: the old file's ctime moved with its link count.
-        state.noted();
         inode.retire();
         Stats::add(&self.stats.cache.versions_kept, 1);
         if let Some(name) = path.as_deref().and_then(Path::file_name) {
@@ -227,8 +197,8 @@ impl CachingFs {
 
     /// Fetches chunk `c` from the source into the cache file.
     fn fetch_chunk(&self, state: &mut FileState, c: u64) -> io::Result<()> {
-        let cs = state.record.chunk_size;
-        let size = state.record.identity.size;
+        let cs = state.record().chunk_size;
+        let size = state.record().identity.size;
         let off = c * cs;
         let len = cs.min(size - off) as usize;
         if !self.usage.may_grow(len as u64) {
@@ -246,28 +216,20 @@ impl CachingFs {
             // The source is shorter than the version we cache: it changed under us.
             return Err(io::Error::from_raw_os_error(libc::ESTALE));
         }
-        let files = state
-            .files
-            .as_ref()
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EIO))?;
-        let w = files.data.write_all_at(&buf, off);
-        state.fetch.note_written(&files.data);
-        w?;
-        self.usage.add(len as u64);
-        state.filled(c);
+        state.fill(&self.env(), c, &buf)?;
         Stats::add(&self.stats.cache.chunks_fetched, 1);
-        if state.unsynced_fills() >= self.cfg.checkpoint_chunks || state.record.is_complete() {
+        if state.unsynced_fills() >= self.cfg.checkpoint_chunks || state.record().is_complete() {
             state.checkpoint(&self.env());
         }
         Ok(())
     }
 
     pub(super) fn fetch_all(&self, state: &mut FileState) {
-        for c in 0..state.record.nchunks() {
-            if state.files.is_none() {
+        for c in 0..state.record().nchunks() {
+            if state.files().is_none() {
                 return;
             }
-            if !state.record.is_present(c)
+            if !state.record().is_present(c)
                 && let Err(e) = self.fetch_chunk(state, c)
             {
                 tracing::debug!("whole-file fetch stopped: {e}");

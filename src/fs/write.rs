@@ -8,8 +8,7 @@ use std::sync::atomic::Ordering;
 
 use fuser::Errno;
 
-use super::{CachingFs, Result, Writes, entry, errno, set_id_bits};
-use crate::cache::record::chunk_count;
+use super::{CachingFs, Result, Writes, errno, set_id_bits};
 use crate::stats::Stats;
 
 impl CachingFs {
@@ -56,56 +55,7 @@ impl CachingFs {
                 .map_err(errno)?;
             after = self.source.fstat(src.as_fd()).map_err(errno)?;
         }
-        let end = offset + data.len() as u64;
-        if state.files.is_some() {
-            let files = state.files.as_ref().unwrap();
-            let old_size = state.record.identity.size;
-            let expected = old_size.max(end);
-            // A full cache stops caching this file rather than grow past its limit.
-            let admitted = self.usage.may_grow(data.len() as u64);
-            let r = (|| -> io::Result<()> {
-                if !admitted {
-                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-                }
-                // Counted by what the data file grew on disk: an overwrite adds nothing.
-                entry::counted(&self.usage, &files.data, || {
-                    if end > old_size {
-                        files.data.set_len(end)?;
-                    }
-                    files.data.write_all_at(data, offset)
-                })
-            })();
-            if r.is_err() || after.size != expected {
-                // A cache error or a full cache, or someone else changed the source's size
-                // meanwhile: keep nothing of this file but an empty record.
-                if r.is_err() && admitted {
-                    Stats::add(&self.stats.cache.cache_errors, 1);
-                }
-                state.drop_cached();
-                if let Some(f) = state.files.as_ref() {
-                    let _ = f.data.set_len(0).and_then(|_| f.data.set_len(after.size));
-                }
-                state.record.resize(after.size);
-                for c in 0..state.record.nchunks() {
-                    state.record.set_present(c, false);
-                }
-            } else {
-                state.record.resize(end.max(old_size));
-                // Chunks wholly covered by the write now hold the source's bytes.
-                let cs = state.record.chunk_size;
-                let first_full = offset.div_ceil(cs);
-                let last_full = if end == after.size {
-                    chunk_count(end, cs)
-                } else {
-                    end / cs
-                };
-                for c in first_full..last_full {
-                    state.record.set_present(c, true);
-                }
-            }
-            state.noted();
-        }
-        state.record.identity = self.recorded_identity(&after);
+        state.wrote_through(&self.env(), offset, data, self.recorded_identity(&after));
         Ok(data.len() as u32)
     }
 
@@ -226,34 +176,9 @@ impl CachingFs {
             }
         });
         if let Some(state) = guard.as_mut() {
-            let after = self.source.fstat(src.as_fd());
-            let same_on_cache = res.is_ok()
-                && mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) == 0
-                && state.files.as_ref().is_some_and(|f| unsafe {
-                    libc::fallocate(
-                        std::os::fd::AsRawFd::as_raw_fd(&f.data),
-                        mode,
-                        offset as i64,
-                        length as i64,
-                    ) == 0
-                });
-            match after {
-                Ok(after) if same_on_cache => {
-                    state.record.resize(after.size);
-                    state.record.identity = self.recorded_identity(&after);
-                }
-                Ok(after) => {
-                    state.drop_cached();
-                    let _ = state.files.as_ref().map(|f| f.data.set_len(after.size));
-                    state.record.resize(after.size);
-                    for c in 0..state.record.nchunks() {
-                        state.record.set_present(c, false);
-                    }
-                    state.record.identity = self.recorded_identity(&after);
-                }
-                Err(_) => state.drop_cached(),
-            }
-            state.noted();
+            let after = self.source.fstat(src.as_fd()).ok();
+            let after = after.map(|a| self.recorded_identity(&a));
+            state.fallocated(res.is_ok(), mode, offset, length, after);
         }
         res.map_err(errno)
     }

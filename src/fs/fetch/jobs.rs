@@ -85,25 +85,25 @@ impl CachingFs {
         }
         let (state, _) = self.load_state(&inode, &job.path, &mut st, false);
         let state = guard.insert(state);
-        if state.files.is_none() || state.record.is_complete() {
+        if state.files().is_none() || state.record().is_complete() {
             return self.unload_if_idle(&inode, &mut guard);
         }
         state.fetch_src = self
             .fetcher
-            .open_source(|| self.open_fetch_reader(&job.path, &state.record.identity));
+            .open_source(|| self.open_fetch_reader(&job.path, &state.record().identity));
         let Some(src) = state.fetch_src.clone() else {
             dropped();
             return self.unload_if_idle(&inode, &mut guard);
         };
         let ff = state.fetch.clone();
         let epoch = ff.epoch();
-        let cs = state.record.chunk_size;
-        let size = state.record.identity.size;
+        let cs = state.record().chunk_size;
+        let size = state.record().identity.size;
         let mut all = Vec::new();
         {
             let mut flights = ff.flights.lock().unwrap();
-            for ch in 0..state.record.nchunks() {
-                if state.record.is_present(ch) || flights.contains_key(&ch) {
+            for ch in 0..state.record().nchunks() {
+                if state.record().is_present(ch) || flights.contains_key(&ch) {
                     continue;
                 }
                 let len = cs.min(size - ch * cs);

@@ -27,16 +27,16 @@ impl CachingFs {
         state: &mut FileState,
     ) -> Option<WholeFetch> {
         let src = state.fetch_src.clone()?;
-        state.files.as_ref()?;
+        state.files()?;
         let ff = state.fetch.clone();
         let epoch = ff.epoch();
-        let cs = state.record.chunk_size;
-        let size = state.record.identity.size;
+        let cs = state.record().chunk_size;
+        let size = state.record().identity.size;
         let mut flights = ff.flights.lock().unwrap();
         let mut started = false;
         let mut all = Vec::new();
-        for c in 0..state.record.nchunks() {
-            if state.record.is_present(c) {
+        for c in 0..state.record().nchunks() {
+            if state.record().is_present(c) {
                 continue;
             }
             if let Some(f) = flights.get(&c) {

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{conflict_path, os_errno};
-use crate::cache::store::write_record;
 use crate::fs::CachingFs;
+use crate::fs::entry::closed;
 use crate::oplog::{Entry, Op, OpLog, Produced};
 use crate::source::{SetAttr, Stat, TimeSpec};
 
@@ -397,16 +397,16 @@ impl CachingFs {
             }
             Ok(true)
         })();
-        match (same, crate::cache::store::read_record(&files)) {
-            (Ok(true), Ok(Some(Ok(mut rec)))) if !rec.dirty => {
-                rec.identity = self.recorded_identity(after);
-                if write_record(&files, &rec, true).is_err() {
-                    let _ = self.uncache(p);
+        let kept = matches!(same, Ok(true))
+            && closed::restamp(&files, true, |rec| {
+                if !rec.dirty {
+                    rec.identity = self.recorded_identity(after);
                 }
-            }
-            _ => {
-                let _ = self.uncache(p);
-            }
+                !rec.dirty
+            })
+            .unwrap_or(false);
+        if !kept {
+            let _ = self.uncache(p);
         }
     }
 }

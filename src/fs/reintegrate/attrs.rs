@@ -7,7 +7,7 @@ use std::sync::Arc;
 use fuser::{Errno, FileAttr};
 
 use super::{now_ts, parent_of};
-use crate::cache::store::write_record;
+use crate::fs::entry::closed;
 use crate::fs::{CachingFs, Inode, Result};
 use crate::oplog::{Op, bytes};
 use crate::source::{SetAttr, Stat, TimeSpec};
@@ -90,19 +90,18 @@ impl CachingFs {
             let mut guard = inode.file();
             match guard.as_mut() {
                 Some(state) => {
-                    state.record.identity.mtime = mtime;
-                    state.record.identity.ctime = now;
-                    if !state.written {
+                    state.set_times(mtime, Some(now));
+                    if !state.written() {
                         state.persist_record(&self.env(), true);
                     }
                 }
                 None => {
-                    if let Some(files) = self.cache.open_existing(&path)
-                        && let Ok(Some(Ok(mut rec))) = crate::cache::store::read_record(&files)
-                    {
-                        rec.identity.mtime = mtime;
-                        rec.identity.ctime = now;
-                        let _ = write_record(&files, &rec, true);
+                    if let Some(files) = self.cache.open_existing(&path) {
+                        let _ = closed::restamp(&files, true, |rec| {
+                            rec.identity.mtime = mtime;
+                            rec.identity.ctime = now;
+                            true
+                        });
                     }
                 }
             }

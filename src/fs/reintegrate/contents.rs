@@ -13,9 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use fuser::{Errno, FileAttr};
 
 use super::{err, now_secs, now_ts};
-use crate::cache::store::write_record;
-use crate::fetch::FileFetch;
-use crate::fs::{CachingFs, Handle, Inode, Opened, Result, attr_of, child};
+use crate::fs::{CachingFs, Handle, Inode, Opened, Result, attr_of, cache_failed, child};
 use crate::oplog::{Base, Op, bytes};
 
 impl CachingFs {
@@ -74,30 +72,13 @@ impl CachingFs {
         path: Option<&Path>,
         f: impl FnOnce(&File, u64) -> io::Result<u64>,
     ) -> Result<()> {
-        if state.files.is_none() {
+        if state.files().is_none() {
             // Nothing cached: only allowed when the result is empty (a truncation).
             let path = path.ok_or(Errno::EIO)?;
-            let files = self.cache.open_files(path).map_err(|_| Errno::EIO)?;
-            files.data.set_len(0).map_err(|_| Errno::EIO)?;
-            state.record.resize(0);
-            state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
-            state.files = Some(files);
+            let files = self.cache.open_files(path).map_err(cache_failed)?;
+            state.attach_empty(files, false).map_err(cache_failed)?;
         }
-        state.fetch.invalidate();
-        state.mark_written(&self.env());
-        let files = state.files.as_ref().ok_or(Errno::EIO)?;
-        let size = f(&files.data, state.record.identity.size);
-        state.fetch.note_written(&files.data);
-        let size = size.map_err(err)?;
-        state.record.resize(size);
-        for c in 0..state.record.nchunks() {
-            state.record.set_present(c, true);
-        }
-        let now = now_ts();
-        state.record.identity.size = size;
-        state.record.identity.mtime = now;
-        state.record.identity.ctime = now;
-        Ok(())
+        state.modify_whole(&self.env(), now_ts(), f).map_err(err)
     }
 
     pub(in crate::fs) fn offline_write(&self, h: &Handle, offset: u64, data: &[u8]) -> Result<u32> {
@@ -153,13 +134,13 @@ impl CachingFs {
         inode: &Inode,
         state: &mut crate::fs::FileState,
     ) -> Result<()> {
-        if !state.written {
+        if !state.written() {
             return Ok(());
         }
         let Some(path) = inode.path() else {
             return Ok(()); // unlinked while open: nothing to store
         };
-        let files = state.files.as_ref().ok_or(Errno::EIO)?;
+        let files = state.files().ok_or(Errno::EIO)?;
         files.data.sync_data().map_err(err)?;
         let st = self.offline_stat(&path)?;
         let fallback = state.offline_base.unwrap_or(Base::Chained);
@@ -212,12 +193,9 @@ impl CachingFs {
         let st = self.synthetic(&dir_st, libc::S_IFREG | (mode & 0o7777), uid, gid);
         // The cache file first: the listing never names a file the cache lacks.
         let _ = self.uncache(&path);
-        let files = self.cache.open_files(&path).map_err(|_| Errno::EIO)?;
+        let files = self.cache.open_files(&path).map_err(cache_failed)?;
         let mut state = self.empty_state(self.identity(&st));
-        files.data.set_len(0).map_err(|_| Errno::EIO)?;
-        write_record(&files, &state.record, true).map_err(|_| Errno::EIO)?;
-        state.fetch = Arc::new(FileFetch::new(files.data.try_clone().ok()));
-        state.files = Some(files);
+        state.attach_empty(files, true).map_err(cache_failed)?;
         state.offline_base = Some(self.oplog.lock().unwrap().base_for(&path, Base::Absent));
         self.add_listed(&dir, name, st)?;
         drop(edits);
