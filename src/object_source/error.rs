@@ -25,7 +25,7 @@ enum Cause {
     #[error(transparent)]
     Store(object_store::Error),
     /// A non-2xx answer to a raw signed request (`marker.rs`); its status is the error's.
-    #[error("{body}")]
+    #[error("{}", if body.is_empty() { "no body" } else { body.as_str() })]
     Answer { body: String },
     /// A raw signed request that got no answer (refused, timed out, cut off).
     #[error(transparent)]
@@ -34,7 +34,7 @@ enum Cause {
 
 impl ObjectError {
     /// From an error of `object_store`'s own calls.
-    pub(super) fn store(op: &'static str, key: &str, e: object_store::Error) -> ObjectError {
+    pub fn store(op: &'static str, key: &str, e: object_store::Error) -> ObjectError {
         ObjectError {
             op,
             key: key.to_string(),
