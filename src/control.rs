@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use crate::health::ReconnectError;
 use crate::mounts::HoardfsMount;
 use crate::options::Live;
 use crate::stats::Snapshot;
@@ -99,16 +100,57 @@ pub struct Peer {
     pub uid: u32,
 }
 
+/// Why a control request was refused or failed; the client (`hoardfs set`, `hoardfs pin`,
+/// ...) prints its text.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(
+        "permission denied: only root or the mount's owner (uid {owner}) may {verb}; uid {uid} \
+         may read counters (stats)"
+    )]
+    PermissionDenied { verb: String, owner: u32, uid: u32 },
+    #[error("unknown request {0:?}")]
+    UnknownRequest(String),
+    #[error("usage: set KEY VALUE")]
+    SetUsage,
+    #[error("clean: invalid size {0:?}")]
+    CleanSize(String),
+    /// A setting or value refused, in the words of its parser (the option table, the log
+    /// filter) or of the mount.
+    #[error("{0}")]
+    Invalid(String),
+    /// A cache limit set before the mount computed its limits.
+    #[error("the cache has no limits yet")]
+    NoCacheLimits,
+    /// `auto` for a cache limit, whose default could not be computed.
+    #[error("cannot compute the default: {0}")]
+    NoDefault(#[source] anyhow::Error),
+    /// `online on`, while the mount cannot go online yet.
+    #[error(transparent)]
+    Reconnect(#[from] ReconnectError),
+    #[error("{}: not a path inside the mount", .0.display())]
+    NotInMount(PathBuf),
+    /// A pin of a path the source cannot stat (missing, or the source failing).
+    #[error("{}: {source}", path.display())]
+    Stat {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot save pins: {0}")]
+    SavePins(#[source] std::io::Error),
+}
+
 /// What the daemon does for control requests.
 pub trait Handler: Send + Sync + 'static {
     fn stats(&self) -> Snapshot;
     /// `set KEY VALUE`: change a setting (parsed by the option table; never `Live::Log`,
     /// which the control socket applies to the process).
-    fn set(&self, setting: Live) -> Result<(), String>;
+    fn set(&self, setting: Live) -> Result<(), ControlError>;
     /// `clean [BYTES]`: evict now; answers the bytes freed.
     fn clean(&self, to: Option<u64>) -> u64;
     /// `pin REL` / `unpin REL` (REL relative to the mount point, may hold spaces).
-    fn pin(&self, rel: &Path, on: bool) -> Result<(), String>;
+    fn pin(&self, rel: &Path, on: bool) -> Result<(), ControlError>;
 }
 
 /// Answers one request. Counters are for anyone who can reach the socket; every request
@@ -116,17 +158,17 @@ pub trait Handler: Send + Sync + 'static {
 /// (a name test such as `pin secret/x` would otherwise tell other users what a 0700
 /// directory holds).
 fn answer(handler: &dyn Handler, line: &str, peer: Peer, owner: u32) -> String {
-    let ok = |r: Result<(), String>| match r {
+    let ok = |r: Result<(), ControlError>| match r {
         Ok(()) => serde_json::json!({ "ok": true }).to_string(),
-        Err(e) => serde_json::json!({ "error": e }).to_string(),
+        Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
     };
     let (verb, rest) = line.split_once(' ').unwrap_or((line, ""));
     if verb != "stats" && peer.uid != 0 && peer.uid != owner {
-        return ok(Err(format!(
-            "permission denied: only root or the mount's owner (uid {owner}) may {verb}; \
-             uid {} may read counters (stats)",
-            peer.uid
-        )));
+        return ok(Err(ControlError::PermissionDenied {
+            verb: verb.to_string(),
+            owner,
+            uid: peer.uid,
+        }));
     }
     match verb {
         "stats" => serde_json::to_string(&handler.stats()).unwrap_or_default(),
@@ -137,22 +179,23 @@ fn answer(handler: &dyn Handler, line: &str, peer: Peer, owner: u32) -> String {
                     // The log filter belongs to the process, not to the file system.
                     Ok(Live::Log(spec)) => crate::logging::set_filter(
                         spec.as_deref().unwrap_or(&crate::logging::initial_filter()),
-                    ),
+                    )
+                    .map_err(ControlError::Invalid),
                     Ok(setting) => handler.set(setting),
-                    Err(e) => Err(e),
+                    Err(e) => Err(ControlError::Invalid(e)),
                 },
-                _ => Err("usage: set KEY VALUE".into()),
+                _ => Err(ControlError::SetUsage),
             })
         }
         "clean" => match rest.trim() {
             "" => serde_json::json!({ "freed": handler.clean(None) }).to_string(),
             n => match n.parse::<u64>() {
                 Ok(n) => serde_json::json!({ "freed": handler.clean(Some(n)) }).to_string(),
-                Err(_) => ok(Err(format!("clean: invalid size {n:?}"))),
+                Err(_) => ok(Err(ControlError::CleanSize(n.to_string()))),
             },
         },
         "pin" | "unpin" if !rest.is_empty() => ok(handler.pin(Path::new(rest), verb == "pin")),
-        _ => ok(Err(format!("unknown request {line:?}"))),
+        _ => ok(Err(ControlError::UnknownRequest(line.to_string()))),
     }
 }
 
@@ -453,13 +496,13 @@ mod tests {
         fn stats(&self) -> Snapshot {
             Snapshot::default()
         }
-        fn set(&self, _: Live) -> Result<(), String> {
+        fn set(&self, _: Live) -> Result<(), ControlError> {
             Ok(())
         }
         fn clean(&self, _: Option<u64>) -> u64 {
             7
         }
-        fn pin(&self, _: &Path, _: bool) -> Result<(), String> {
+        fn pin(&self, _: &Path, _: bool) -> Result<(), ControlError> {
             Ok(())
         }
     }
@@ -492,6 +535,84 @@ mod tests {
         }
         let a = answer(&Fixed, "stats", Peer { uid: 65534 }, owner);
         assert!(a.contains("mountpoint"), "{a}");
+    }
+
+    /// Refuses everything, as a mount that cannot.
+    struct Refusing;
+    impl Handler for Refusing {
+        fn stats(&self) -> Snapshot {
+            Snapshot::default()
+        }
+        fn set(&self, _: Live) -> Result<(), ControlError> {
+            Err(ReconnectError::WritersOpen(2).into())
+        }
+        fn clean(&self, _: Option<u64>) -> u64 {
+            0
+        }
+        fn pin(&self, rel: &Path, _: bool) -> Result<(), ControlError> {
+            Err(ControlError::Stat {
+                path: rel.into(),
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            })
+        }
+    }
+
+    #[test]
+    fn refusals_read_as_the_user_sees_them() {
+        let error = |req: &str, uid: u32| {
+            let a: serde_json::Value =
+                serde_json::from_str(&answer(&Refusing, req, Peer { uid }, 0)).unwrap();
+            a["error"].as_str().unwrap_or_default().to_string()
+        };
+        assert_eq!(
+            error("pin a/b", 7),
+            "permission denied: only root or the mount's owner (uid 0) may pin; uid 7 may read \
+             counters (stats)"
+        );
+        assert_eq!(error("set online", 0), "usage: set KEY VALUE");
+        assert_eq!(error("clean 1x", 0), "clean: invalid size \"1x\"");
+        assert_eq!(error("frob it", 0), "unknown request \"frob it\"");
+        assert_eq!(
+            error("set online on", 0),
+            "2 file(s) written offline are still open: the offline changes are replayed once \
+             they are closed"
+        );
+        assert_eq!(
+            error("pin a b/c", 0),
+            "a b/c: No such file or directory (os error 2)"
+        );
+        assert!(error("set stale_check maybe", 0).contains("stale_check"));
+        let texts = [
+            (
+                ControlError::NotInMount("../x".into()),
+                "../x: not a path inside the mount",
+            ),
+            (ControlError::NoCacheLimits, "the cache has no limits yet"),
+            (
+                ControlError::NoDefault(anyhow::anyhow!("statvfs failed")),
+                "cannot compute the default: statvfs failed",
+            ),
+            (
+                ControlError::SavePins(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                "cannot save pins: No space left on device (os error 28)",
+            ),
+            (
+                ReconnectError::ReplayStopped {
+                    seq: 4,
+                    source: std::io::Error::from_raw_os_error(libc::ENOTCONN),
+                }
+                .into(),
+                "replay of offline change 4 stopped: Transport endpoint is not connected (os \
+                 error 107)",
+            ),
+            (
+                ReconnectError::Progress(std::io::Error::from_raw_os_error(libc::EIO)).into(),
+                "cannot record replay progress: Input/output error (os error 5)",
+            ),
+        ];
+        for (e, text) in texts {
+            assert_eq!(e.to_string(), text);
+        }
     }
 
     #[test]

@@ -74,7 +74,27 @@ struct State {
 type SwitchHook = Box<dyn Fn(bool) + Send + Sync>;
 /// What switches the mount online when the source answers (replaying offline changes
 /// first); the argument says whether by hand.
-type Reconnector = Box<dyn Fn(bool) -> Result<(), String> + Send + Sync>;
+type Reconnector = Box<dyn Fn(bool) -> Result<(), ReconnectError> + Send + Sync>;
+
+/// Why the mount stays offline although the source answers (`hoardfs set online on` tells
+/// it; the probe logs it and tries again).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconnectError {
+    #[error(
+        "{0} file(s) written offline are still open: the offline changes are replayed once \
+         they are closed"
+    )]
+    WritersOpen(u64),
+    /// The source failed as if unreachable again: the rest of the log waits.
+    #[error("replay of offline change {seq} stopped: {source}")]
+    ReplayStopped {
+        seq: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot record replay progress: {0}")]
+    Progress(#[source] io::Error),
+}
 
 /// The mount's connection state.
 pub struct Health {
@@ -123,13 +143,16 @@ impl Health {
         *self.on_switch.lock().unwrap() = Some(Box::new(f));
     }
 
-    pub fn set_reconnector(&self, f: impl Fn(bool) -> Result<(), String> + Send + Sync + 'static) {
+    pub fn set_reconnector(
+        &self,
+        f: impl Fn(bool) -> Result<(), ReconnectError> + Send + Sync + 'static,
+    ) {
         *self.reconnector.lock().unwrap() = Some(Arc::new(Box::new(f)));
     }
 
     /// The source answers: go (or stay) online through the reconnector, which replays
     /// offline changes first. The probe (`manual` false) does not undo a manual switch.
-    pub fn reconnect(&self, manual: bool) -> Result<(), String> {
+    pub fn reconnect(&self, manual: bool) -> Result<(), ReconnectError> {
         if !manual && self.state.lock().unwrap().manual {
             return Ok(());
         }

@@ -36,18 +36,18 @@ use object_store::client::{HttpClient, HttpConnector, ReqwestConnector};
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectMeta, RetryConfig};
 
-mod errno;
+mod error;
 mod marker;
 mod meta;
 mod profile;
 mod read;
 mod write;
 
-pub use errno::errno_of;
+pub use error::{ObjectError, errno_of};
 pub use meta::{format_meta_time, parse_meta_time};
 pub use profile::{ResolvedConfig, parse_ini, resolve_config};
 
-use errno::errno;
+use error::errno;
 
 /// S3's longest key, in bytes.
 const MAX_KEY: usize = 1024;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use hoardfs::object_source::ObjectError;
 use hoardfs::object_source::{
     Credentials, ObjKind, ObjMeta, ObjectSource, ObjectUrl, S3Options, errno_of,
 };
@@ -828,6 +829,29 @@ fn errno_of_real_errors() {
         .unwrap_err();
     assert_eq!(errno_of(&e), libc::ESTALE);
     let _ = SystemTime::now();
+}
+
+#[test]
+fn the_status_of_real_errors() {
+    // object_store hides the status of its answers; it is read from the messages it makes,
+    // which these hold to.
+    let v = Versity::start(&[BUCKET]);
+    let (rt, raw) = raw(&v);
+    let e = rt
+        .block_on(raw.head(&ObjPath::parse("missing").unwrap()))
+        .unwrap_err();
+    let e = ObjectError::store("head", "missing", e);
+    assert_eq!((e.status, e.errno()), (Some(404), libc::ENOENT), "{e}");
+    raw_put(&rt, &raw, "k", b"v", &[]);
+    let past_end = GetOptions {
+        range: Some((10..20).into()),
+        ..Default::default()
+    };
+    let e = rt
+        .block_on(raw.get_opts(&ObjPath::parse("k").unwrap(), past_end))
+        .unwrap_err();
+    let e = ObjectError::store("get", "k", e);
+    assert_eq!(e.status, Some(416), "{e}");
 }
 
 /// A server answering each request by `respond(request line)` -> (status, extra headers,

@@ -6,13 +6,14 @@ use std::sync::atomic::Ordering;
 
 use super::CachingFs;
 use crate::cleaner::Limits;
+use crate::control::ControlError;
 use crate::inode::InodeLimits;
 use crate::stats::Snapshot;
 
 impl CachingFs {
     /// Changes a setting of the running mount (`hoardfs set`, parsed by the option table).
     /// `None` (`auto`) restores the default as the mount computes it at start.
-    pub fn set(&self, setting: crate::options::Live) -> std::result::Result<(), String> {
+    pub fn set(&self, setting: crate::options::Live) -> std::result::Result<(), ControlError> {
         use crate::options::Live;
         use std::sync::atomic::Ordering::Relaxed;
         let (ttls, tun) = (&self.coherence.tunables, &self.fetcher.tun);
@@ -21,13 +22,15 @@ impl CachingFs {
         let computed = || {
             let mut cfg = self.cfg.clone();
             (cfg.cache_size, cfg.min_free) = (None, None);
-            Self::initial_limits(&cfg).map_err(|e| format!("cannot compute the default: {e}"))
+            Self::initial_limits(&cfg).map_err(ControlError::NoDefault)
         };
         let cache_limits = |change: &dyn Fn(&mut Limits)| {
-            let mut l = self.usage.limits().ok_or("the cache has no limits yet")?;
+            let mut l = self.usage.limits().ok_or(ControlError::NoCacheLimits)?;
             change(&mut l);
             if l.low_pct >= l.high_pct {
-                return Err("low_watermark must be below high_watermark".to_string());
+                return Err(ControlError::Invalid(
+                    "low_watermark must be below high_watermark".into(),
+                ));
             }
             self.usage.set_limits(Some(l));
             Ok(())
@@ -44,7 +47,7 @@ impl CachingFs {
                 let t = crate::health::timeout_for(t, self.caps(), self.source.is_remote());
                 self.source.health.set_timeout(t)
             }
-            Live::Online(true) => return self.reconnect(true),
+            Live::Online(true) => return Ok(self.reconnect(true)?),
             Live::Online(false) => self.source.health.go_offline("switched off by hand", true),
             Live::FetchWindow(v) => tun.window.store(v, Relaxed),
             Live::FetchInflight(v) => tun.inflight.store(v, Relaxed),
@@ -65,7 +68,11 @@ impl CachingFs {
             Live::InodeMinAge(t) => inodes.min_age = t.unwrap_or(inode_defaults.min_age),
             Live::InodeMaxAge(t) => inodes.max_age = t.unwrap_or(inode_defaults.max_age),
             Live::InodeFreeing(on) => inodes.freeing = on,
-            Live::Log(_) => return Err("log: the control socket sets the log filter".into()),
+            Live::Log(_) => {
+                return Err(ControlError::Invalid(
+                    "log: the control socket sets the log filter".into(),
+                ));
+            }
         }
         if inodes != self.inodes.limits() {
             self.inodes.set_limits(inodes);
@@ -74,17 +81,16 @@ impl CachingFs {
     }
 
     /// Pins or unpins a path (relative to the mount) so the cleaner never evicts it.
-    pub fn pin(&self, rel: &Path, on: bool) -> std::result::Result<(), String> {
+    pub fn pin(&self, rel: &Path, on: bool) -> std::result::Result<(), ControlError> {
         crate::source::check_relative(rel)
-            .map_err(|_| format!("{}: not a path inside the mount", rel.display()))?;
+            .map_err(|_| ControlError::NotInMount(rel.to_path_buf()))?;
         if on {
-            self.source
-                .stat(rel)
-                .map_err(|e| format!("{}: {e}", rel.display()))?;
+            self.source.stat(rel).map_err(|source| ControlError::Stat {
+                path: rel.to_path_buf(),
+                source,
+            })?;
         }
-        self.pins
-            .set(rel, on)
-            .map_err(|e| format!("cannot save pins: {e}"))
+        self.pins.set(rel, on).map_err(ControlError::SavePins)
     }
 
     /// Runs a clean now, down to `to` bytes or the low watermark.
@@ -123,7 +129,7 @@ impl crate::control::Handler for CachingFs {
         self.snapshot()
     }
 
-    fn set(&self, setting: crate::options::Live) -> std::result::Result<(), String> {
+    fn set(&self, setting: crate::options::Live) -> std::result::Result<(), ControlError> {
         CachingFs::set(self, setting)
     }
 
@@ -131,7 +137,7 @@ impl crate::control::Handler for CachingFs {
         CachingFs::clean(self, to)
     }
 
-    fn pin(&self, rel: &Path, on: bool) -> std::result::Result<(), String> {
+    fn pin(&self, rel: &Path, on: bool) -> std::result::Result<(), ControlError> {
         CachingFs::pin(self, rel, on)
     }
 }

@@ -9,7 +9,7 @@ use object_store::aws::AwsAuthorizer;
 use object_store::client::{HttpErrorKind, HttpRequestBody};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use super::errno::{errno, errno_of_kind, errno_of_status, store_err};
+use super::error::{ObjectError, errno};
 use super::meta::{meta_from, meta_pairs};
 use super::{ObjKind, ObjMeta, ObjStat, ObjectSource};
 
@@ -30,12 +30,12 @@ impl ObjectSource {
             .map(|(k, v)| (format!("x-amz-meta-{k}"), v))
             .collect();
         let headers = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        self.raw_request(Method::PUT, &format!("{key}/"), headers)
+        self.raw_request("put marker", Method::PUT, &format!("{key}/"), headers)
             .map(|_| ())
     }
 
     pub(super) fn marker_head(&self, key: &str) -> io::Result<ObjStat> {
-        let h = self.raw_request(Method::HEAD, &format!("{key}/"), Vec::new())?;
+        let h = self.raw_request("head marker", Method::HEAD, &format!("{key}/"), Vec::new())?;
         let get = |k: &str| {
             h.get(format!("x-amz-meta-{k}").as_str())
                 .and_then(|v| v.to_str().ok())
@@ -52,9 +52,10 @@ impl ObjectSource {
 
     /// One signed request for `key` (which may end in '/'), with object_store's signer and
     /// HTTP client, retried like object_store's own on 5xx, 429 and connection errors.
-    /// Returns the response headers.
+    /// Returns the response headers; `op` names the request in errors.
     pub(super) fn raw_request(
         &self,
+        op: &'static str,
         method: Method,
         key: &str,
         headers: Vec<(&str, String)>,
@@ -79,7 +80,7 @@ impl ObjectSource {
                     .credentials()
                     .get_credential()
                     .await
-                    .map_err(|e| store_err(e, "credentials", key))?;
+                    .map_err(|e| ObjectError::store("credentials", key, e))?;
                 let mut req = http::Request::builder()
                     .method(method.clone())
                     .uri(&url)
@@ -92,8 +93,8 @@ impl ObjectSource {
                     .insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
                 AwsAuthorizer::new(&cred, "s3", &self.region)
                     .try_authorize(&mut req, None)
-                    .map_err(|e| store_err(e, "sign", key))?;
-                let errno_now = match self.http.execute(req).await {
+                    .map_err(|e| ObjectError::store("sign", key, e))?;
+                let failed = match self.http.execute(req).await {
                     Ok(resp) => {
                         let status = resp.status();
                         if status.is_success() {
@@ -110,27 +111,26 @@ impl ObjectSource {
                         };
                         // A copy whose answer is 200 with an error body is not seen here
                         // (copies of markers never happen; a self-copy's errors are 4xx).
-                        tracing::debug!(key, %status, body, "object store: marker request");
                         let retry =
                             status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
+                        let failed = ObjectError::answer(op, key, status, body);
                         if !retry || attempt >= self.opts.max_retries {
-                            return Err(errno(errno_of_status(status.as_u16(), &body)));
+                            return Err(failed.into());
                         }
-                        errno_of_status(status.as_u16(), &body)
+                        failed
                     }
                     Err(e) => {
-                        let n = errno_of_kind(e.kind());
                         let retry =
                             matches!(e.kind(), HttpErrorKind::Connect | HttpErrorKind::Request)
                                 || (method == Method::HEAD && e.kind() == HttpErrorKind::Timeout);
+                        let failed = ObjectError::transport(op, key, e);
                         if !retry || attempt >= self.opts.max_retries {
-                            tracing::debug!(key, "object store: marker request: {e}");
-                            return Err(errno(n));
+                            return Err(failed.into());
                         }
-                        n
+                        failed
                     }
                 };
-                tracing::debug!(key, errno_now, attempt, "object store: retrying");
+                tracing::debug!(attempt, "{failed}; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 attempt += 1;

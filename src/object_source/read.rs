@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::{Attributes, GetOptions, GetRange, ObjectStore};
 
-use super::errno::{errno, store_err};
+use super::error::{ObjectError, errno};
 use super::meta::meta_from_attributes;
 use super::{ObjMeta, ObjStat, ObjectSource, is_root};
 
@@ -23,7 +23,7 @@ impl ObjectSource {
         self.block(async {
             let mut s = self.store.list(prefix.as_ref());
             match s.next().await {
-                Some(Err(e)) => Err(store_err(e, "list", &self.prefix)),
+                Some(Err(e)) => Err(ObjectError::store("list", &self.prefix, e).into()),
                 _ => Ok(()),
             }
         })
@@ -55,7 +55,7 @@ impl ObjectSource {
                 .store
                 .get_opts(&path, opts)
                 .await
-                .map_err(|e| store_err(e, "head", key))?;
+                .map_err(|e| ObjectError::store("head", key, e))?;
             let meta = meta_from_attributes(&r.attributes);
             Ok((ObjStat::file(&r.meta, meta, true), r.attributes))
         })
@@ -80,7 +80,7 @@ impl ObjectSource {
             match s.next().await {
                 None => Ok(None),
                 Some(Ok(m)) => Ok(Some(m)),
-                Some(Err(e)) => Err(store_err(e, "list", &key)),
+                Some(Err(e)) => Err(ObjectError::store("list", &key, e).into()),
             }
         })?;
         match first {
@@ -108,7 +108,7 @@ impl ObjectSource {
             self.store
                 .list_with_delimiter(Some(&path))
                 .await
-                .map_err(|e| store_err(e, "list", &key))
+                .map_err(|e| ObjectError::store("list", &key, e).into())
         })?;
         let root = is_root(rel);
         let mut files: Vec<(String, ObjStat)> = Vec::new();
@@ -167,7 +167,10 @@ impl ObjectSource {
         self.block(async {
             match self.get_range(&key, offset, len, expected_etag).await? {
                 None => Ok(Bytes::new()),
-                Some(r) => r.bytes().await.map_err(|e| store_err(e, "get body", &key)),
+                Some(r) => r
+                    .bytes()
+                    .await
+                    .map_err(|e| ObjectError::store("get body", &key, e).into()),
             }
         })
     }
@@ -191,7 +194,7 @@ impl ObjectSource {
             let mut body = r.into_stream();
             let mut at = offset;
             while let Some(piece) = body.next().await {
-                let piece = piece.map_err(|e| store_err(e, "get body", &key))?;
+                let piece = piece.map_err(|e| ObjectError::store("get body", &key, e))?;
                 sink(at, &piece)?;
                 at += piece.len() as u64;
             }
@@ -219,15 +222,12 @@ impl ObjectSource {
         let r = match self.store.get_opts(&path, opts).await {
             Ok(r) => r,
             Err(e) => {
-                // 416: the range starts at or past the end (object_store may also say so
-                // itself): a read at EOF.
-                let text = e.to_string();
-                if matches!(&e, object_store::Error::Generic { .. })
-                    && (text.contains("status code: 416") || text.contains("InvalidRange"))
-                {
+                // The range starts at or past the end: a read at EOF.
+                let e = ObjectError::store("get", key, e);
+                if e.range_not_satisfiable() {
                     return Ok(None);
                 }
-                return Err(store_err(e, "get", key));
+                return Err(e.into());
             }
         };
         if let (Some(want), Some(got)) = (expected_etag, r.meta.e_tag.as_deref())

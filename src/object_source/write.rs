@@ -16,7 +16,7 @@ use object_store::{
 };
 use percent_encoding::utf8_percent_encode;
 
-use super::errno::{errno, store_err};
+use super::error::{ObjectError, errno};
 use super::marker::PATH_ENCODE;
 use super::meta::{attributes_of, meta_pairs};
 use super::{ObjKind, ObjMeta, ObjStat, ObjectSource, is_root};
@@ -41,7 +41,7 @@ impl ObjectSource {
                 self.store
                     .put_opts(&path, PutPayload::from(buf), opts)
                     .await
-                    .map_err(|e| store_err(e, "put", &key))
+                    .map_err(|e| ObjectError::store("put", &key, e).into())
             })?;
         } else {
             self.put_multipart(&key, &path, file, size, attributes)?;
@@ -65,7 +65,7 @@ impl ObjectSource {
             self.store
                 .put_multipart_opts(path, opts)
                 .await
-                .map_err(|e| store_err(e, "create multipart", key))
+                .map_err(|e| ObjectError::store("create multipart", key, e).into())
         })?;
         // Parts are numbered in call order, so they are started in order; up to
         // `parts_in_flight` run at once on the runtime while this thread reads the next.
@@ -104,7 +104,7 @@ impl ObjectSource {
                     .complete()
                     .await
                     .map(|_| ())
-                    .map_err(|e| store_err(e, "complete multipart", key))
+                    .map_err(|e| ObjectError::store("complete multipart", key, e).into())
             }),
             Err(e) => {
                 // Best effort: an unaborted upload only costs storage until the bucket's
@@ -113,7 +113,7 @@ impl ObjectSource {
                     upload
                         .abort()
                         .await
-                        .map_err(|e| store_err(e, "abort multipart", key))
+                        .map_err(|e| ObjectError::store("abort multipart", key, e).into())
                 }) {
                     tracing::warn!(key, "object store: aborting a failed upload: {a}");
                 }
@@ -130,7 +130,7 @@ impl ObjectSource {
         let abort = h.abort_handle();
         let r = self.block(async {
             match h.await {
-                Ok(r) => r.map_err(|e| store_err(e, "put part", key)),
+                Ok(r) => r.map_err(|e| ObjectError::store("put part", key, e).into()),
                 Err(_) => Err(errno(libc::EIO)),
             }
         });
@@ -153,7 +153,7 @@ impl ObjectSource {
             self.store
                 .copy_opts(&fp, &tp, opts)
                 .await
-                .map_err(|e| store_err(e, "copy", &fk))
+                .map_err(|e| ObjectError::store("copy", &fk, e).into())
         })
     }
 
@@ -166,7 +166,7 @@ impl ObjectSource {
             self.store
                 .delete(&path)
                 .await
-                .map_err(|e| store_err(e, "delete", &key))
+                .map_err(|e| ObjectError::store("delete", &key, e).into())
         })
     }
 
@@ -216,7 +216,7 @@ impl ObjectSource {
             let mut s = self.store.list(Some(&path)).take(2);
             let mut v = Vec::new();
             while let Some(m) = s.next().await {
-                v.push(m.map_err(|e| store_err(e, "list", &key))?);
+                v.push(m.map_err(|e| ObjectError::store("list", &key, e))?);
             }
             Ok(v)
         })?;
@@ -229,8 +229,13 @@ impl ObjectSource {
                 Err(e) => Err(e),
             };
         }
-        self.raw_request(Method::DELETE, &format!("{key}/"), Vec::new())
-            .map(|_| ())
+        self.raw_request(
+            "delete marker",
+            Method::DELETE,
+            &format!("{key}/"),
+            Vec::new(),
+        )
+        .map(|_| ())
     }
 
     /// Changes some of mode, uid, gid, mtime (the `Some` fields), keeping the others. A
@@ -297,7 +302,7 @@ impl ObjectSource {
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.clone()))
                     .collect();
-                self.raw_request(Method::PUT, &key, refs)?;
+                self.raw_request("copy onto itself", Method::PUT, &key, refs)?;
                 self.head(&key)
             }
         }

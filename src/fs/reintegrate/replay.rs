@@ -8,13 +8,14 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::{now_secs, os_errno, parent_of, stamp};
 use crate::fs::CachingFs;
+use crate::health::ReconnectError;
 use crate::oplog::{Base, Entry, Ident, Op, OpLog, Produced};
 use crate::source::Stat;
 
 impl CachingFs {
     /// The source answers: replays the offline log (if any) and goes online. Refused while
     /// files written offline are still open.
-    pub fn reconnect(&self, manual: bool) -> std::result::Result<(), String> {
+    pub fn reconnect(&self, manual: bool) -> std::result::Result<(), ReconnectError> {
         let mut log = self.oplog.lock().unwrap();
         if log.is_empty() {
             drop(log);
@@ -23,10 +24,7 @@ impl CachingFs {
         }
         let writers = self.offline_writers.load(Relaxed);
         if writers > 0 {
-            return Err(format!(
-                "{writers} file(s) written offline are still open: the offline changes are \
-                 replayed once they are closed"
-            ));
+            return Err(ReconnectError::WritersOpen(writers));
         }
         let dirs = self.replay(&mut log)?;
         drop(log);
@@ -42,7 +40,7 @@ impl CachingFs {
     }
 
     /// Replays every pending entry in order; returns the directories it changed.
-    fn replay(&self, log: &mut OpLog) -> std::result::Result<BTreeSet<PathBuf>, String> {
+    fn replay(&self, log: &mut OpLog) -> std::result::Result<BTreeSet<PathBuf>, ReconnectError> {
         let mut produced = log.produced_map();
         let mut dirs = BTreeSet::new();
         tracing::info!(
@@ -64,7 +62,10 @@ impl CachingFs {
             match self.replay_one(&e, log, &mut produced) {
                 Ok(()) => failpoint_after_replay(),
                 Err(err) if crate::source::may_mean_unreachable(&err) => {
-                    return Err(format!("replay of offline change {} stopped: {err}", e.seq));
+                    return Err(ReconnectError::ReplayStopped {
+                        seq: e.seq,
+                        source: err,
+                    });
                 }
                 Err(err) => {
                     if let Op::Store { path, .. } = &e.op {
@@ -102,9 +103,9 @@ impl CachingFs {
         log: &mut OpLog,
         seq: u64,
         produced: &HashMap<PathBuf, Produced>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), ReconnectError> {
         log.applied(seq, produced)
-            .map_err(|err| format!("cannot record replay progress: {err}"))?;
+            .map_err(ReconnectError::Progress)?;
         self.source.health.log_replayed.fetch_add(1, Relaxed);
         self.note_pending(log);
         Ok(())
