@@ -12,14 +12,19 @@
 //!   validation lease of one attribute TTL, kept in a list ordered by expiry and expired
 //!   actively (the Faster AFS callback list): an expired lease revalidates the file against
 //!   the source instead of each call testing it. Opens always validate (close-to-open).
+//! - [`Callback`]: where the watcher covers a file (its directory and the file itself are
+//!   watched), a look at the source stands until an event breaks it (the AFS callback):
+//!   opens and `getattr`s of the file ask the source nothing while the watcher has no
+//!   event unhandled (`Watcher::quiet`), so an open still gets a version that was the
+//!   file's at some instant of the open.
 //! - [`Tunables`]: TTLs, stale checking and the watcher switch, changeable at run time.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
@@ -67,6 +72,10 @@ pub struct Counters {
     pub leases_granted: AtomicU64,
     pub leases_expired: AtomicU64,
     pub changes_detected: AtomicU64,
+    pub callbacks_granted: AtomicU64,
+    pub callbacks_broken: AtomicU64,
+    /// Opens and `getattr`s answered by a callback, without asking the source.
+    pub callback_hits: AtomicU64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -89,11 +98,18 @@ pub struct CoherenceSnapshot {
     pub leases_expired: u64,
     /// Source changes made behind the mount that invalidated something.
     pub changes_detected: u64,
+    /// Files the watcher covers (`Callback`s): granted, broken by an event, and opens or
+    /// `getattr`s they answered without asking the source; files watched themselves.
+    pub callbacks_granted: u64,
+    pub callbacks_broken: u64,
+    pub callback_hits: u64,
+    pub watched_files: u64,
     /// Kernel TTLs in ms; `None`: automatic (long where watched, short elsewhere).
     pub entry_ttl_ms: Option<u64>,
     pub attr_ttl_ms: Option<u64>,
     pub negative_ttl_ms: Option<u64>,
     pub stale_check: bool,
+    pub close_to_open: bool,
 }
 
 /// Run-time switches (`hoardfs set`).
@@ -106,6 +122,8 @@ pub struct Tunables {
     pub stale_check: AtomicBool,
     /// Watch events are acted on and watched directories get long TTLs.
     pub watch: AtomicBool,
+    /// Every open asks the source (close-to-open), callbacks or not.
+    pub close_to_open: AtomicBool,
 }
 
 const AUTO: u64 = u64::MAX;
@@ -122,6 +140,7 @@ impl Tunables {
             negative_ms: AtomicU64::new(ms(cfg.negative_ttl)),
             stale_check: AtomicBool::new(cfg.stale_check),
             watch: AtomicBool::new(cfg.watch != WatchMode::Off),
+            close_to_open: AtomicBool::new(cfg.close_to_open),
         }
     }
 
@@ -161,6 +180,7 @@ impl Tunables {
         s.attr_ttl_ms = opt(&self.attr_ms);
         s.negative_ttl_ms = opt(&self.negative_ms);
         s.stale_check = self.stale_check.load(Relaxed);
+        s.close_to_open = self.close_to_open.load(Relaxed);
     }
 }
 
@@ -232,6 +252,67 @@ impl Coherence {
         }
     }
 
+    /// Where a callback for a file in directory `dir` must start (`Callback::new`): `None`
+    /// if the watcher does not cover the directory, or opens must ask the source anyway.
+    pub fn callback_mark(&self, dir: u64) -> Option<CallbackMark> {
+        let w = self.watcher.as_ref()?;
+        if !self.tunables.watch.load(Relaxed)
+            || self.tunables.close_to_open.load(Relaxed)
+            || !self.tunables.stale_check.load(Relaxed)
+        {
+            return None;
+        }
+        Some(CallbackMark {
+            dir_watch: w.watch_of(dir)?,
+            epoch: w.epoch(),
+        })
+    }
+
+    /// Whether `cb` still stands for a file now in directory `dir`: nothing broke it
+    /// (the caller holds it), its watches are the ones it was granted under, and the
+    /// watcher has no event that it has not handled yet, so that every change to the file
+    /// completed before this call has broken it. Counted as a hit.
+    pub fn callback_holds(&self, cb: &Callback, id: u64, dir: u64) -> bool {
+        let Some(w) = &self.watcher else {
+            return false;
+        };
+        let holds = self.callback_mark(dir).is_some_and(|m| m == cb.mark)
+            && w.file_watch(id) == Some(cb.file_wd)
+            && cb.at.elapsed() < self.tunables.attr(true)
+            && w.quiet();
+        if holds {
+            self.counters.callback_hits.fetch_add(1, Relaxed);
+        }
+        holds
+    }
+
+    /// A callback for the file open as `fd` (`O_PATH`), node `id`, whose look at the
+    /// source `st` was taken after `mark`: the file itself is watched too (so that a write
+    /// through a hard link elsewhere, or a new link, breaks it), and only a file with one
+    /// link gets one. `None` where that cannot be had.
+    pub fn callback(
+        &self,
+        mark: CallbackMark,
+        id: u64,
+        fd: &OwnedFd,
+        st: &crate::source::Stat,
+    ) -> Option<Callback> {
+        let w = self.watcher.as_ref()?;
+        if st.nlink != 1 || !st.is_file() || w.epoch() != mark.epoch {
+            return None;
+        }
+        let file_wd = w.watch_file(id, fd.as_fd())?;
+        let fd = Arc::new(fd.try_clone().ok()?);
+        self.counters.callbacks_granted.fetch_add(1, Relaxed);
+        Some(Callback {
+            stat: *st,
+            fd,
+            mark,
+            file_wd,
+            at: Instant::now(),
+        })
+    }
+
     pub fn snapshot(&self) -> CoherenceSnapshot {
         let c = &self.counters;
         let mut s = CoherenceSnapshot {
@@ -246,6 +327,10 @@ impl Coherence {
             leases_granted: c.leases_granted.load(Relaxed),
             leases_expired: c.leases_expired.load(Relaxed),
             changes_detected: c.changes_detected.load(Relaxed),
+            callbacks_granted: c.callbacks_granted.load(Relaxed),
+            callbacks_broken: c.callbacks_broken.load(Relaxed),
+            callback_hits: c.callback_hits.load(Relaxed),
+            watched_files: self.watcher.as_ref().map_or(0, |w| w.files() as u64),
             ..Default::default()
         };
         self.tunables.fill(&mut s);
@@ -253,13 +338,50 @@ impl Coherence {
     }
 }
 
+// --------------------------------------------------------------------------- callbacks
+
+/// The watches a callback was granted under: its directory's watch and the watcher's
+/// epoch then. A callback holds only while both are the same (`Coherence::callback_holds`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallbackMark {
+    dir_watch: u64,
+    epoch: u64,
+}
+
+/// A look at a source file that stands until the watcher breaks it (an event on the file
+/// or its name) or a watch it relies on goes: Faster AFS's callback, with the watcher as
+/// the server's promise. Kept by the inode table's entry of the file.
+#[derive(Clone, Debug)]
+pub struct Callback {
+    /// The file's attributes at the look.
+    pub stat: crate::source::Stat,
+    /// An `O_PATH` descriptor of the file (what an open keeps, so that `fstat` of an open
+    /// file whose name is gone still answers).
+    pub fd: Arc<OwnedFd>,
+    mark: CallbackMark,
+    /// The watch on the file itself (`Watcher::watch_file`).
+    file_wd: i32,
+    /// When it was granted: it lapses after the watched attribute TTL even without an
+    /// event (what inotify does not report: writes through shared mappings).
+    at: Instant,
+}
+
 // ---------------------------------------------------------------------------- watcher
 
 #[derive(Default)]
 struct WatchMaps {
     dir_of: HashMap<i32, u64>,
-    wd_of: HashMap<u64, i32>,
+    /// A directory's watch and the number it was added as (`Watcher::added`): a watch
+    /// dropped and added again is another watch, which missed what came between.
+    wd_of: HashMap<u64, (i32, u64)>,
+    /// Watches on files that hold callbacks, by watch and by node id.
+    file_of: HashMap<i32, u64>,
+    file_wd: HashMap<u64, i32>,
 }
+
+/// At most this many files are watched themselves (each pins a source inode in the
+/// kernel); files beyond get no callback, and their opens ask the source.
+const MAX_FILE_WATCHES: usize = 65_536;
 
 /// inotify watches on the source's directories, keyed by the directory's node id.
 pub struct Watcher {
@@ -267,7 +389,23 @@ pub struct Watcher {
     /// Read on every lookup, getattr and opendir (is this directory watched?), written
     /// only when a watch is added or dropped.
     maps: RwLock<WatchMaps>,
+    /// Watches added so far: each directory watch's number.
+    added: AtomicU64,
+    /// Bumped when events may have been lost (an overflow): every callback lapses.
+    epoch: AtomicU64,
+    /// Batches begun and batches handled (`begin_batch`, `batch_handled`): while they
+    /// differ, events taken from the queue are not acted on yet.
+    begun: AtomicU64,
+    handled: AtomicU64,
 }
+
+/// What breaks a file's callback when it happens to the file itself, by whatever name:
+/// data and attribute changes (link counts included), and its removal.
+const FILE_WATCH_MASK: WatchFlags = WatchFlags::MODIFY
+    .union(WatchFlags::ATTRIB)
+    .union(WatchFlags::CLOSE_WRITE)
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::MOVE_SELF);
 
 const WATCH_MASK: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::DELETE)
@@ -292,11 +430,88 @@ impl Watcher {
         Ok(Watcher {
             fd,
             maps: RwLock::default(),
+            added: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
         })
     }
 
     pub fn is_watched(&self, dir: u64) -> bool {
         self.maps.read().unwrap().wd_of.contains_key(&dir)
+    }
+
+    /// The number directory `dir`'s watch was added as, if it is watched.
+    fn watch_of(&self, dir: u64) -> Option<u64> {
+        self.maps.read().unwrap().wd_of.get(&dir).map(|w| w.1)
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(SeqCst)
+    }
+
+    /// Files watched themselves.
+    pub fn files(&self) -> usize {
+        self.maps.read().unwrap().file_wd.len()
+    }
+
+    /// The watcher thread is about to take events from the queue.
+    pub fn begin_batch(&self) {
+        self.begun.fetch_add(1, SeqCst);
+    }
+
+    /// The watcher thread has acted on every event it took.
+    pub fn batch_handled(&self) {
+        self.handled.store(self.begun.load(SeqCst), SeqCst);
+    }
+
+    /// No event waits: none in the queue, none taken and not yet acted on. A change to a
+    /// watched file queues its event before the call that made it returns, so when this
+    /// holds, every change completed before the call has been acted on.
+    pub fn quiet(&self) -> bool {
+        let begun = self.begun.load(SeqCst);
+        if self.handled.load(SeqCst) != begun {
+            return false;
+        }
+        // Unknown counts as busy.
+        let queued = rustix::io::ioctl_fionread(&self.fd).unwrap_or(1);
+        queued == 0 && self.begun.load(SeqCst) == begun
+    }
+
+    /// The watch on file `id` itself, if it has one.
+    fn file_watch(&self, id: u64) -> Option<i32> {
+        self.maps.read().unwrap().file_wd.get(&id).copied()
+    }
+
+    /// Watches file `id` (open as `fd`) itself: its changes through any name, and changes
+    /// of its link count, are then reported (`Batch::files`). The watch, or `None`.
+    fn watch_file(&self, id: u64, fd: BorrowedFd<'_>) -> Option<i32> {
+        {
+            let m = self.maps.read().unwrap();
+            if let Some(&wd) = m.file_wd.get(&id) {
+                return Some(wd);
+            }
+            if m.file_wd.len() >= MAX_FILE_WATCHES {
+                return None;
+            }
+        }
+        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        match inotify::add_watch(&self.fd, link.as_str(), FILE_WATCH_MASK) {
+            Ok(wd) => {
+                let mut m = self.maps.write().unwrap();
+                if let Some(old) = m.file_of.insert(wd, id)
+                    && old != id
+                {
+                    m.file_wd.remove(&old);
+                }
+                m.file_wd.insert(id, wd);
+                Some(wd)
+            }
+            Err(e) => {
+                tracing::debug!("cannot watch file {id}: {e}");
+                None
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -321,7 +536,8 @@ impl Watcher {
                     // The same directory under a new node id (the old one was freed).
                     m.wd_of.remove(&old);
                 }
-                m.wd_of.insert(dir, wd);
+                let number = self.added.fetch_add(1, SeqCst) + 1;
+                m.wd_of.insert(dir, (wd, number));
                 true
             }
             Err(e) => {
@@ -331,19 +547,32 @@ impl Watcher {
         }
     }
 
-    /// Stops watching directories the inode table no longer has.
+    /// Stops watching directories and files the inode table no longer has.
     pub fn prune(&self, alive: impl Fn(u64) -> bool) {
         let mut m = self.maps.write().unwrap();
         let dead: Vec<(u64, i32)> = m
             .wd_of
             .iter()
             .filter(|(dir, _)| !alive(**dir))
-            .map(|(d, w)| (*d, *w))
+            .map(|(d, w)| (*d, w.0))
             .collect();
         for (dir, wd) in dead {
             m.wd_of.remove(&dir);
             if m.dir_of.get(&wd) == Some(&dir) {
                 m.dir_of.remove(&wd);
+                let _ = inotify::remove_watch(&self.fd, wd);
+            }
+        }
+        let dead: Vec<(u64, i32)> = m
+            .file_wd
+            .iter()
+            .filter(|(id, _)| !alive(**id))
+            .map(|(id, wd)| (*id, *wd))
+            .collect();
+        for (id, wd) in dead {
+            m.file_wd.remove(&id);
+            if m.file_of.get(&wd) == Some(&id) {
+                m.file_of.remove(&wd);
                 let _ = inotify::remove_watch(&self.fd, wd);
             }
         }
@@ -409,22 +638,35 @@ impl Watcher {
                 let mask = ev.events();
                 if mask.contains(ReadFlags::QUEUE_OVERFLOW) {
                     counters.watcher_overflows.fetch_add(1, Relaxed);
+                    self.epoch.fetch_add(1, SeqCst);
                     batch.overflow = true;
                 } else {
                     let wd = ev.wd();
-                    let dir = {
+                    let (dir, file) = {
                         let mut m = self.maps.write().unwrap();
                         let dir = m.dir_of.get(&wd).copied();
-                        if mask.contains(ReadFlags::IGNORED)
-                            && let Some(d) = dir
-                        {
-                            m.dir_of.remove(&wd);
-                            if m.wd_of.get(&d) == Some(&wd) {
-                                m.wd_of.remove(&d);
+                        let file = m.file_of.get(&wd).copied();
+                        if mask.contains(ReadFlags::IGNORED) {
+                            if let Some(d) = dir {
+                                m.dir_of.remove(&wd);
+                                if m.wd_of.get(&d).map(|w| w.0) == Some(wd) {
+                                    m.wd_of.remove(&d);
+                                }
+                            }
+                            if let Some(id) = file {
+                                m.file_of.remove(&wd);
+                                if m.file_wd.get(&id) == Some(&wd) {
+                                    m.file_wd.remove(&id);
+                                }
                             }
                         }
-                        dir
+                        (dir, file)
                     };
+                    if let Some(id) = file
+                        && !batch.files.contains(&id)
+                    {
+                        batch.files.push(id);
+                    }
                     if let Some(dir) = dir {
                         match ev.file_name() {
                             None => {
@@ -488,6 +730,8 @@ pub struct Batch {
     pub names: Vec<NameChange>,
     /// Directories whose own attributes changed, or that were deleted or moved.
     pub dirs: Vec<u64>,
+    /// Files watched themselves (they hold callbacks) that changed, by any name.
+    pub files: Vec<u64>,
     pub overflow: bool,
 }
 
@@ -596,6 +840,7 @@ mod tests {
             negative_ms: AtomicU64::new(AUTO),
             stale_check: AtomicBool::new(true),
             watch: AtomicBool::new(true),
+            close_to_open: AtomicBool::new(false),
         };
         assert_eq!(t.entry(true), WATCHED_TTL);
         assert_eq!(t.entry(false), UNWATCHED_TTL);

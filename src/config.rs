@@ -107,6 +107,8 @@ pub struct Config {
     /// What changes made while disconnected do (`fs/reintegrate.rs`).
     pub offline_writes: OfflineWrites,
     pub stale_check: bool,
+    /// Every open asks the source, even where a watcher's callback covers the file.
+    pub close_to_open: bool,
     pub passthrough: bool,
     pub allow_other: bool,
     pub read_only: bool,
@@ -175,6 +177,7 @@ impl Config {
             start_offline: false,
             offline_writes: OfflineWrites::Refuse,
             stale_check: true,
+            close_to_open: false,
             passthrough: true,
             allow_other: false,
             read_only: false,

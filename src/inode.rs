@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::coherence::Callback;
 use crate::source::Stat;
 use crate::stats::InodeSnapshot;
 use crate::sync::{Mutex, MutexGuard};
@@ -140,6 +141,11 @@ pub struct Inode<F> {
     /// must not leave a window in which an open keeps pages of the old version.
     content: AtomicU64,
     pages_dropped: AtomicU64,
+    /// A look at the source file that stands until the watcher breaks it
+    /// (`coherence::Callback`), and the breaks so far: a look taken before a break is
+    /// never installed after it (`grant_callback`).
+    callback: Mutex<Option<Callback>>,
+    breaks: AtomicU64,
 }
 
 /// Node ids by name, so that a batch of watcher events finds the entries known by its
@@ -193,7 +199,39 @@ impl<F> Inode<F> {
             index: index.clone(),
             content: AtomicU64::new(0),
             pages_dropped: AtomicU64::new(0),
+            callback: Mutex::new(None),
+            breaks: AtomicU64::new(0),
         }
+    }
+
+    /// The callback the file holds, if any (whether it still stands is the watcher's to
+    /// say: `Coherence::callback_holds`).
+    pub fn callback(&self) -> Option<Callback> {
+        self.callback.lock().unwrap().clone()
+    }
+
+    /// The breaks so far: taken before a look at the source that may become a callback.
+    pub fn callback_breaks(&self) -> u64 {
+        self.breaks.load(Ordering::SeqCst)
+    }
+
+    /// Installs `cb`, made from a look at the source taken when the breaks were `breaks`;
+    /// refused (false) if one came since: the look may predate the change that broke it.
+    pub fn grant_callback(&self, cb: Callback, breaks: u64) -> bool {
+        let mut slot = self.callback.lock().unwrap();
+        if self.breaks.load(Ordering::SeqCst) != breaks {
+            return false;
+        }
+        *slot = Some(cb);
+        true
+    }
+
+    /// The watcher saw the file or its name change: the callback (if any) is gone, and no
+    /// look taken before now becomes one. Whether there was one.
+    pub fn break_callback(&self) -> bool {
+        let mut slot = self.callback.lock().unwrap();
+        self.breaks.fetch_add(1, Ordering::SeqCst);
+        slot.take().is_some()
     }
 
     /// The file's cached content moved to a new version: the kernel's pages of it are

@@ -76,6 +76,7 @@ pub enum Live {
     AttrTtl(Option<Duration>),
     NegativeTtl(Option<Duration>),
     StaleCheck(bool),
+    CloseToOpen(bool),
     Watch(bool),
     /// Zero: no timeout.
     SourceTimeout(Option<Duration>),
@@ -224,6 +225,15 @@ pub static OPTIONS: &[Opt] = &[
     })
     .help("Compare cached files with the source on open (--no-stale-check turns it off)")
     .default("on"),
+    Opt::value("close_to_open", "on|off", CACHING, |c, v| {
+        put(&mut c.close_to_open, on_off(v))
+    })
+    .help(
+        "Every open asks the source (close-to-open), also where the watcher covers the file \
+         and its callback would answer",
+    )
+    .default("off")
+    .settable(|v| Ok(Live::CloseToOpen(on_off(v)?))),
     Opt::value("fetch_workers", "N", CACHING, |c, v| {
         put(&mut c.fetch_workers, auto(v, num))
     })

@@ -468,6 +468,7 @@ const LIVE_KEYS: &[&str] = &[
     "low_watermark",
     "min_free",
     "stale_check",
+    "close_to_open",
     "fetch_window",
     "fetch_inflight",
     "fetch_fds",

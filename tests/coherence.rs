@@ -504,3 +504,95 @@ fn opens_racing_a_rename_over_behind_the_mount_find_the_new_file() {
         );
     }
 }
+
+/// Where the watcher covers a file, a look at the source stands until an event breaks it
+/// (`coherence::Callback`): opens and stats then ask the source nothing. Every change
+/// behind the mount, made just before an open, is still what that open reads: in place,
+/// truncated, renamed over, and through a hard link made outside the source after the
+/// callback was granted (which no event in the file's directory reports).
+#[test]
+fn callbacks_answer_opens_until_any_change_breaks_them() {
+    let t = TestMount::new(&[]);
+    let outside = t.base().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let src = t.s("f");
+    fs::write(&src, b"v0000").unwrap();
+    let hits = |t: &TestMount| t.stats().coherence.callback_hits;
+    for round in 0..48u32 {
+        // A look grants the callback (once the change's own events are handled, which
+        // break it); later opens are answered by it.
+        let now = format!("v{round:04}");
+        wait_until(
+            Duration::from_secs(5),
+            "an open answered by a callback",
+            || {
+                let before = hits(&t);
+                assert_eq!(fs::read(t.m("f")).unwrap(), now.as_bytes());
+                hits(&t) > before
+            },
+        );
+        let next = format!("v{:04}", round + 1);
+        match round % 4 {
+            // In place, same size.
+            0 => fs::OpenOptions::new()
+                .write(true)
+                .open(&src)
+                .unwrap()
+                .write_all_at(next.as_bytes(), 0)
+                .unwrap(),
+            // Truncated and rewritten.
+            1 => fs::write(&src, next.as_bytes()).unwrap(),
+            // Renamed over.
+            2 => {
+                let tmp = t.s(".f.tmp");
+                fs::write(&tmp, next.as_bytes()).unwrap();
+                fs::rename(&tmp, &src).unwrap();
+            }
+            // Through a hard link made outside the source after the grant: only the
+            // watch on the file itself sees the new link and the write.
+            _ => {
+                let link = outside.join("f");
+                let _ = fs::remove_file(&link);
+                fs::hard_link(&src, &link).unwrap();
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&link)
+                    .unwrap()
+                    .write_all_at(next.as_bytes(), 0)
+                    .unwrap();
+                fs::remove_file(&link).unwrap();
+            }
+        }
+        // At once (the change's events not handled yet: the open looks at the source),
+        // or once the watcher has handled them (the callback must be broken by then).
+        if round % 8 >= 4 {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        assert_eq!(
+            String::from_utf8(fs::read(t.m("f")).unwrap()).unwrap(),
+            next,
+            "round {round}: an open right after the change"
+        );
+        assert_eq!(fs::metadata(t.m("f")).unwrap().len(), 5);
+    }
+    let s = t.stats().coherence;
+    assert!(s.callbacks_broken >= 40, "{s:?}");
+    // close_to_open=on: every open asks the source again.
+    hoardfs_set(&t, "close_to_open=on");
+    fs::read(t.m("f")).unwrap();
+    let before = hits(&t);
+    fs::read(t.m("f")).unwrap();
+    assert_eq!(
+        hits(&t),
+        before,
+        "close_to_open=on answers no open by callback"
+    );
+}
+
+fn hoardfs_set(t: &TestMount, kv: &str) {
+    let out = Command::new(BIN)
+        .args(["set", t.mnt.to_str().unwrap(), kv])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "hoardfs set {kv}: {out:?}");
+}

@@ -54,6 +54,14 @@ impl CachingFs {
             return self.source.fstat(src.as_fd()).map_err(errno);
         }
         let inode = self.inode(id)?;
+        // The watcher answers for the file while its callback stands.
+        if let Some(cb) = inode.callback()
+            && self.coherence.callback_holds(&cb, id, inode.parent())
+        {
+            let mut st = cb.stat;
+            self.pending_attr(id, &mut st);
+            return Ok(st);
+        }
         let mut elsewhere = false;
         let stat = match inode.path() {
             Some(path) => self.source.stat(&path).and_then(|st| {

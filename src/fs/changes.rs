@@ -33,6 +33,14 @@ impl CachingFs {
         for dir in &batch.dirs {
             self.coherence.notify(Notice::Inode(*dir));
         }
+        // Files watched themselves for their callbacks, changed by whatever name (a hard
+        // link made or written elsewhere): the kernel's attributes go too.
+        for &id in &batch.files {
+            if let Some(inode) = self.inodes.get(id) {
+                self.break_callback(&inode);
+                self.coherence.notify(Notice::Inode(id));
+            }
+        }
         // Our own renames are either done or not begun while we look (`renames`).
         let _no_rename = self.renames.write().unwrap();
         let path_of_dir = |id: u64| self.inodes.get(id).and_then(|d| d.path());
@@ -67,6 +75,9 @@ impl CachingFs {
                 continue;
             }
             let held = holders.get(path).map(Vec::as_slice).unwrap_or(&[]);
+            for inode in held {
+                self.break_callback(inode);
+            }
             // A rename behind the mount: the object's names (and, for a directory, those of
             // everything below it) and its cached data follow it. Our own renames have
             // already moved the names, so nothing holds the old one any more.
@@ -114,6 +125,7 @@ impl CachingFs {
                 Err(_) => {}
                 Ok(st) => {
                     if let Some(inode) = self.inodes.find(path, &st) {
+                        self.break_callback(&inode);
                         let changed = self.revalidate_open(&inode, &st, nc.change.data);
                         // An open file whose cache still matches was changed by us.
                         let c = nc.change;
@@ -129,6 +141,14 @@ impl CachingFs {
         }
         for dir in dirs_changed {
             self.coherence.notify(Notice::Inode(dir));
+        }
+    }
+
+    /// An event on `inode`'s file or name: its callback, if any, stands no longer.
+    fn break_callback(&self, inode: &Inode) {
+        if inode.break_callback() {
+            let c = &self.coherence.counters;
+            c.callbacks_broken.fetch_add(1, Relaxed);
         }
     }
 
@@ -276,7 +296,11 @@ pub fn spawn_coherence_threads(fs: &Arc<CachingFs>) -> std::io::Result<Threads> 
                     let w = fs.coherence.watcher.as_ref().unwrap();
                     let events = w.wait_readable(STOP_POLL).and_then(|ready| {
                         ready
-                            .then(|| w.next_batch(&fs.coherence.counters))
+                            .then(|| {
+                                // Until it is handled, no callback answers (`quiet`).
+                                w.begin_batch();
+                                w.next_batch(&fs.coherence.counters)
+                            })
                             .transpose()
                     });
                     match events {
@@ -293,6 +317,7 @@ pub fn spawn_coherence_threads(fs: &Arc<CachingFs>) -> std::io::Result<Threads> 
                 if fs.coherence.tunables.watch.load(Relaxed) {
                     fs.source_changed(batch);
                 }
+                fs.coherence.watcher.as_ref().unwrap().batch_handled();
             }
         })?;
     }

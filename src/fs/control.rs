@@ -42,6 +42,7 @@ impl CachingFs {
             Live::AttrTtl(t) => ttls.set_attr(t),
             Live::NegativeTtl(t) => ttls.set_negative(t),
             Live::StaleCheck(on) => ttls.stale_check.store(on, Relaxed),
+            Live::CloseToOpen(on) => ttls.close_to_open.store(on, Relaxed),
             Live::Watch(on) => ttls.watch.store(on, Relaxed),
             Live::SourceTimeout(t) => {
                 let t = crate::health::timeout_for(t, self.caps(), self.source.is_remote());

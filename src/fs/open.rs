@@ -242,17 +242,32 @@ impl CachingFs {
         let id = inode.id;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.ensure_listed(path.parent().unwrap_or(Path::new("")));
-        // Just before the look at the source: the version it shows was current then.
+        // A reader of a file the watcher covers asks the source nothing while its callback
+        // stands (`coherence::Callback`); any other open looks, and may leave a callback.
+        let dir = inode.parent();
+        let reader = !writable && flags & libc::O_TRUNC == 0 && self.caps().descriptors;
+        let mark = self.coherence.callback_mark(dir).filter(|_| reader);
+        let breaks = inode.callback_breaks();
+        // Just before the look at the source: the version it shows was current then. A
+        // callback that holds now stands for the source now (no event waits).
         let mut looked_at = Instant::now();
-        let looked = if !self.caps().descriptors {
+        let called_back = mark
+            .and_then(|_| inode.callback())
+            .filter(|cb| self.coherence.callback_holds(cb, id, dir))
+            .and_then(|cb| Some((cb.fd.try_clone().ok()?, cb.stat)));
+        let looked = if let Some((fd, st)) = called_back {
+            Ok((Some(fd), st))
+        } else if !self.caps().descriptors {
             self.source.stat(&path).map(|st| (None, st))
         } else {
-            self.source
-                .openat(&path, rustix::fs::OFlags::PATH, 0)
-                .and_then(|fd| {
-                    let st = self.source.fstat(fd.as_fd())?;
-                    Ok((Some(fd), st))
-                })
+            let looked = self.source.open_path_and_stat(&path);
+            if let (Some(mark), Ok((fd, st))) = (mark, &looked)
+                && (st.dev, st.ino) == inode.key
+                && let Some(cb) = self.coherence.callback(mark, id, fd, st)
+            {
+                inode.grant_callback(cb, breaks);
+            }
+            looked.map(|(fd, st)| (Some(fd), st))
         };
         let (path_fd, st) = match looked {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
