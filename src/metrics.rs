@@ -501,6 +501,30 @@ fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Res
             "Leases expired and revalidated against the source.",
             h.leases_expired,
         ),
+        (
+            "hoardfs_callbacks_granted_total",
+            Counter,
+            "Callbacks granted: looks at a watched file that stand until an event breaks them.",
+            h.callbacks_granted,
+        ),
+        (
+            "hoardfs_callbacks_broken_total",
+            Counter,
+            "Callbacks broken by an event on the file or its name.",
+            h.callbacks_broken,
+        ),
+        (
+            "hoardfs_callback_hits_total",
+            Counter,
+            "Opens and getattrs answered by a callback without asking the source.",
+            h.callback_hits,
+        ),
+        (
+            "hoardfs_watched_files",
+            Gauge,
+            "Source files watched themselves (they hold callbacks).",
+            h.watched_files,
+        ),
     ] {
         one(e, name, kind, help, v)?;
     }

@@ -50,6 +50,9 @@ pub fn mount(cfg: Config) -> anyhow::Result<()> {
     let store = CacheStore::open(&cfg.cache_dir)?;
     // Modes from the kernel are already masked by the caller's umask.
     rustix::process::umask(rustix::fs::Mode::empty());
+    // Descriptors: open files' cache and source files, and callbacks' `O_PATH` ones
+    // (`coherence::Callback`, capped by what this limit allows).
+    raise_open_files_limit();
 
     let mut ready = if cfg.foreground {
         None
@@ -61,6 +64,19 @@ pub fn mount(cfg: Config) -> anyhow::Result<()> {
         let _ = write!(std::fs::File::from(ready), "{e:#}");
     }
     result
+}
+
+/// Raises the soft limit of open descriptors to the hard one, as file servers do: the
+/// default soft limit (1,024) would otherwise cap how many files the mount serves at once.
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!("cannot raise the open files limit: {e}");
+        }
+    }
 }
 
 /// One hoardfs mount per mount point: a mount point that holds one whose daemon answers is

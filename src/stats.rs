@@ -448,6 +448,10 @@ impl Snapshot {
             ("leases_active", h.leases_active),
             ("leases_granted", h.leases_granted),
             ("leases_expired", h.leases_expired),
+            ("callbacks_granted", h.callbacks_granted),
+            ("callbacks_broken", h.callbacks_broken),
+            ("callback_hits", h.callback_hits),
+            ("watched_files", h.watched_files),
         ] {
             let _ = writeln!(s, "  {name:<20} {n:>12}");
         }
