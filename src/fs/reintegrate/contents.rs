@@ -160,7 +160,10 @@ impl CachingFs {
                 },
                 now_secs(),
             )
-            .map_err(|_| Errno::EIO)?;
+            .map_err(|e| {
+                tracing::warn!(?path, "cannot append to the offline log: {e}");
+                Errno::EIO
+            })?;
             self.note_pending(&log);
         }
         state.offline_base = Some(Base::Chained);
