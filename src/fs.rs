@@ -102,8 +102,8 @@ fn cache_failed(e: io::Error) -> Errno {
     Errno::EIO
 }
 
-use entry::Env;
 pub use entry::FileState;
+use entry::{Env, OpenKind};
 
 /// A node of this file system: the inode table's entry, holding a regular file's cache
 /// state while it is open.
@@ -142,6 +142,16 @@ pub(crate) enum Writes {
 }
 
 impl Handle {
+    /// How the handle counts among its file's opens.
+    fn open_kind(&self) -> OpenKind {
+        match self.passthrough {
+            Some(_) => OpenKind::Passthrough,
+            None => OpenKind::Daemon {
+                writes_source: self.writable && !self.writes_to_cache(),
+            },
+        }
+    }
+
     /// Whether writes go to the cache file rather than to the source.
     fn writes_to_cache(&self) -> bool {
         self.writes != Writes::Through

@@ -32,6 +32,16 @@ pub(super) struct Env<'a> {
     pub chunk_size: u64,
 }
 
+/// How a handle uses its file, for the open counts (`FileState::opened`, `closed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OpenKind {
+    /// The kernel reads the data file itself (FUSE passthrough).
+    Passthrough,
+    /// Served by the daemon; `writes_source`: open for writing through to the source (a
+    /// writer, which keeps the node from holding an old version apart).
+    Daemon { writes_source: bool },
+}
+
 /// What a checkpoint or a group commit of a record came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Stamped {
@@ -46,9 +56,10 @@ pub(super) enum Stamped {
 }
 
 /// Cache state of one regular file while it is open through the mount. The record, the
-/// cache files and the written mark are private: the record and the data file change only
-/// through the methods below, which keep the crash rules. The open counts, descriptors and
-/// the fetch state are the open path's bookkeeping, visible to the rest of `fs`.
+/// cache files, the written mark and the open counts are private: the record and the data
+/// file change only through the methods below, which keep the crash rules, and the counts
+/// through `opened` and `closed`. The descriptors and the fetch state are the open path's,
+/// visible to the rest of `fs`.
 #[derive(Debug)]
 pub struct FileState {
     /// The cache files; `None` when the cache cannot be used for this file (I/O errors),
@@ -64,14 +75,14 @@ pub struct FileState {
     /// An `O_PATH` descriptor of the source file (cheap: no open on the server), so that
     /// `fstat` of an open file whose name is gone still answers.
     pub(super) path_fd: Option<OwnedFd>,
-    pub(super) daemon_opens: u32,
-    pub(super) passthrough_opens: u32,
+    daemon_opens: u32,
+    passthrough_opens: u32,
     /// Handles open for writing to the source (counted in `daemon_opens` too). While any
     /// is open the node cannot keep an old version apart (`keep_version`): their writes
     /// reach the source file that the name's new node would serve.
-    pub(super) writers: u32,
+    writers: u32,
     /// Opens waiting for a whole-file fetch (not counted in the opens yet).
-    pub(super) opening: u32,
+    opening: u32,
     pub(super) backing: Weak<BackingId>,
     /// Chunks fetched since the record was last made durable.
     unsynced: u32,
@@ -177,6 +188,58 @@ impl FileState {
     /// Chunk `c` was read at `minute` (the cleaner evicts chunks by their last read).
     pub(super) fn chunk_read(&mut self, c: u64, minute: u32) {
         self.record.touch(c, minute);
+    }
+
+    /// A handle of `kind` opened the file.
+    pub(super) fn opened(&mut self, kind: OpenKind) {
+        match kind {
+            OpenKind::Passthrough => self.passthrough_opens += 1,
+            OpenKind::Daemon { writes_source } => {
+                self.daemon_opens += 1;
+                self.writers += u32::from(writes_source);
+            }
+        }
+    }
+
+    /// A handle of `kind` was released.
+    pub(super) fn closed(&mut self, kind: OpenKind) {
+        match kind {
+            OpenKind::Passthrough => self.passthrough_opens -= 1,
+            OpenKind::Daemon { writes_source } => {
+                self.daemon_opens -= 1;
+                self.writers -= u32::from(writes_source);
+            }
+        }
+    }
+
+    /// Handles the kernel serves by passthrough.
+    pub(super) fn passthrough_opens(&self) -> u32 {
+        self.passthrough_opens
+    }
+
+    /// Handles the daemon serves, writers included.
+    pub(super) fn daemon_opens(&self) -> u32 {
+        self.daemon_opens
+    }
+
+    /// Handles open for writing through to the source.
+    pub(super) fn writers(&self) -> u32 {
+        self.writers
+    }
+
+    /// An open waits for a whole-file fetch (the state must stay loaded meanwhile), until
+    /// `end_opening`.
+    pub(super) fn begin_opening(&mut self) {
+        self.opening += 1;
+    }
+
+    pub(super) fn end_opening(&mut self) {
+        self.opening -= 1;
+    }
+
+    /// Opens waiting for a whole-file fetch.
+    pub(super) fn opening(&self) -> u32 {
+        self.opening
     }
 
     /// Nobody has the file open through the mount, nor waits to (the state may still be

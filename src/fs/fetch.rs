@@ -500,7 +500,7 @@ impl CachingFs {
             let complete = state.record().is_complete();
             if state.unsynced_fills() >= self.cfg.checkpoint_chunks {
                 state.checkpoint(&self.env());
-            } else if complete && state.opening == 0 {
+            } else if complete && state.opening() == 0 {
                 // A file fetched whole (a prefetch, or its last chunk read): the group
                 // commit makes it durable, unless written through the mount meanwhile.
                 if state.written() {

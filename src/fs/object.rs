@@ -16,7 +16,8 @@ use fuser::{Errno, FileAttr, FopenFlags};
 
 use super::Inode;
 use super::{
-    CachingFs, FileState, Handle, Opened, Result, Writes, attr_of, cache_failed, child, errno,
+    CachingFs, FileState, Handle, OpenKind, Opened, Result, Writes, attr_of, cache_failed, child,
+    errno,
 };
 use crate::fetch::HandleFetch;
 use crate::source::{SetAttr, Stat, TimeSpec};
@@ -148,12 +149,16 @@ impl CachingFs {
         let inode = self.inodes.lookup(parent, &path, &st);
         let mut state = self.empty_state(self.identity(&st));
         state.attach_empty(files, true).map_err(cache_failed)?;
-        state.daemon_opens = 1;
+        state.opened(OpenKind::Daemon {
+            writes_source: false,
+        });
         {
             let mut guard = inode.file();
             if let Some(old) = guard.as_mut() {
                 // Open under an earlier object of this name: that one is gone.
-                old.daemon_opens += 1;
+                old.opened(OpenKind::Daemon {
+                    writes_source: false,
+                });
                 self.reset(old, &st, Some(&path));
             } else {
                 *guard = Some(state);
@@ -187,7 +192,9 @@ impl CachingFs {
             self.release_if_unused(inode, &mut guard);
             return Err(e);
         }
-        state.daemon_opens += 1;
+        state.opened(OpenKind::Daemon {
+            writes_source: false,
+        });
         drop(guard);
         Ok(self.cache_write_handle(inode, Writes::Uploaded))
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use fuser::{BackingId, Errno, FileAttr, FopenFlags};
 
-use super::{CachingFs, FileState, Handle, Inode, Opened, Result, Writes, child, errno};
+use super::{CachingFs, FileState, Handle, Inode, OpenKind, Opened, Result, Writes, child, errno};
 use crate::coherence::Notice;
 use crate::fetch::HandleFetch;
 use crate::health::SourceFile;
@@ -92,8 +92,9 @@ impl CachingFs {
                 *guard = Some(state);
             }
             let state = guard.as_mut().unwrap();
-            state.daemon_opens += 1;
-            state.writers += u32::from(writable);
+            state.opened(OpenKind::Daemon {
+                writes_source: writable,
+            });
         }
         let fh = self.new_fh();
         self.handles.lock().unwrap().insert(
@@ -393,7 +394,7 @@ impl CachingFs {
             // The kernel refuses a non-passthrough open while passthrough opens exist, and
             // passthrough writes would bypass the source. Wait for releases in flight.
             let deadline = Instant::now() + PASSTHROUGH_RELEASE_WAIT;
-            while guard.as_ref().unwrap().passthrough_opens > 0 {
+            while guard.as_ref().unwrap().passthrough_opens() > 0 {
                 if Instant::now() > deadline {
                     self.release_if_unused(&inode, &mut guard);
                     return Err(Errno::ETXTBSY);
@@ -413,7 +414,9 @@ impl CachingFs {
                 self.release_if_unused(&inode, &mut guard);
                 return Err(e);
             }
-            state.daemon_opens += 1;
+            state.opened(OpenKind::Daemon {
+                writes_source: false,
+            });
             drop(guard);
             return Ok(self.cache_write_handle(&inode, Writes::Uploaded));
         }
@@ -458,17 +461,17 @@ impl CachingFs {
             && !state.record().is_complete()
             && state.record().identity.size <= self.cfg.whole_file_threshold
         {
-            if state.passthrough_opens > 0 {
+            if state.passthrough_opens() > 0 {
                 self.fetch_all(state);
             } else if let Some(whole) = self.start_whole_fetch(&inode, state) {
                 // Fetched by the workers and by this open, without the state mutex: other
                 // openers join the same flights, readers of other handles proceed. The
                 // state stays loaded meanwhile (`opening`).
-                state.opening += 1;
+                state.begin_opening();
                 drop(guard);
                 self.finish_whole_fetch(&inode, &whole);
                 guard = inode.file();
-                guard.as_mut().unwrap().opening -= 1;
+                guard.as_mut().unwrap().end_opening();
             }
         }
         if was_complete {
@@ -497,7 +500,8 @@ impl CachingFs {
         let id = inode.id;
         let state = guard.as_mut().unwrap();
         let mut backing = None;
-        if !writable && state.complete() && state.daemon_opens == 0 && self.passthrough_enabled() {
+        if !writable && state.complete() && state.daemon_opens() == 0 && self.passthrough_enabled()
+        {
             let existing = state.backing.upgrade();
             let b = match existing {
                 Some(b) => Some(b),
@@ -519,12 +523,13 @@ impl CachingFs {
             backing = b;
         }
         let fopen = if backing.is_some() {
-            state.passthrough_opens += 1;
+            state.opened(OpenKind::Passthrough);
             Stats::add(&self.stats.cache.passthrough_opens, 1);
             FopenFlags::FOPEN_PASSTHROUGH
         } else {
-            state.daemon_opens += 1;
-            state.writers += u32::from(writable);
+            state.opened(OpenKind::Daemon {
+                writes_source: writable,
+            });
             if keep_cache {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {

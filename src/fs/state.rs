@@ -169,9 +169,9 @@ impl CachingFs {
         state: &mut FileState,
         st: &Stat,
     ) -> bool {
-        let opens = state.daemon_opens + state.passthrough_opens;
+        let opens = state.daemon_opens() + state.passthrough_opens();
         if opens == 0
-            || state.writers > 0
+            || state.writers() > 0
             || !state.complete()
             || state.written()
             || state.record().dirty

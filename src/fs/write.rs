@@ -128,14 +128,7 @@ impl CachingFs {
             tracing::warn!("cannot upload a written file at release: {e:?}");
         }
         if let Some(state) = guard.as_mut() {
-            if h.passthrough.is_some() {
-                state.passthrough_opens -= 1;
-            } else {
-                state.daemon_opens -= 1;
-                if h.writable && !h.writes_to_cache() {
-                    state.writers -= 1;
-                }
-            }
+            state.closed(h.open_kind());
         }
         // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
         self.unload_if_idle(&h.inode, &mut guard);

@@ -127,7 +127,7 @@ impl CachingFs {
                 state.offline_base = Some(self.oplog.lock().unwrap().base_for(path, base));
             }
             self.offline_modify(state, Some(path), |f, _| f.set_len(size).map(|_| size))?;
-            if state.daemon_opens == 0 {
+            if state.daemon_opens() == 0 {
                 self.offline_store(inode, state)?;
             }
             Ok(())

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use fuser::{Errno, FileAttr};
 
 use super::{err, now_secs, now_ts};
-use crate::fs::{CachingFs, Handle, Inode, Opened, Result, attr_of, cache_failed, child};
+use crate::fs::{CachingFs, Handle, Inode, OpenKind, Opened, Result, attr_of, cache_failed, child};
 use crate::oplog::{Base, Op, bytes};
 
 impl CachingFs {
@@ -52,7 +52,9 @@ impl CachingFs {
             self.release_if_unused(inode, &mut guard);
             return Err(e);
         }
-        state.daemon_opens += 1;
+        state.opened(OpenKind::Daemon {
+            writes_source: false,
+        });
         drop(guard);
         Ok(self.logged_handle(inode))
     }
@@ -204,7 +206,9 @@ impl CachingFs {
         drop(edits);
         // A new file is stored on close even if nothing is written to it.
         state.mark_written(&self.env());
-        state.daemon_opens = 1;
+        state.opened(OpenKind::Daemon {
+            writes_source: false,
+        });
         let inode = self.inodes.lookup(parent, &path, &st);
         *inode.file() = Some(state);
         self.loaded.lock().unwrap().insert(inode.id, inode.clone());
