@@ -212,11 +212,24 @@ impl CacheStore {
     /// link (a directory, symlink, device, or a hard link to a file elsewhere) is replaced,
     /// never written through.
     pub fn open_files(&self, rel: &Path) -> io::Result<CacheFiles> {
+        // The directories are nearly always there: the file is opened first, and they are
+        // made (or repaired: a planted file or symlink in their place) only when that
+        // fails for want of them.
         let open = |tree: &BeneathRoot| -> io::Result<File> {
-            if let Some(parent) = rel.parent() {
-                mkdir_p(tree, parent)?;
+            match private_file(tree, rel, OFlags::RDWR, true) {
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+                    ) =>
+                {
+                    if let Some(parent) = rel.parent() {
+                        mkdir_p(tree, parent)?;
+                    }
+                    private_file(tree, rel, OFlags::RDWR, true)
+                }
+                r => r,
             }
-            private_file(tree, rel, OFlags::RDWR, true)
         };
         Ok(CacheFiles {
             data: open(&self.data)?,
@@ -395,8 +408,9 @@ pub fn fs_free(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
 /// regular file with one link (a second link would lead elsewhere: writing it would write
 /// there).
 pub fn is_ours(st: &Stat, dir: bool) -> bool {
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let ty = st.mode & libc::S_IFMT;
-    st.uid == rustix::process::geteuid().as_raw()
+    st.uid == *EUID.get_or_init(|| rustix::process::geteuid().as_raw())
         && if dir {
             ty == libc::S_IFDIR
         } else {
@@ -440,8 +454,9 @@ pub fn private_file(
                         rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))
                             .map_err(rustix_io)?;
                     }
-                    let fl = rustix::fs::fcntl_getfl(&fd).map_err(rustix_io)?;
-                    rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).map_err(rustix_io)?;
+                    // (F_SETFL takes only the status flags of these: the access mode and
+                    // creation flags are ignored.)
+                    rustix::fs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK).map_err(rustix_io)?;
                     let f = File::from(fd);
                     if trunc {
                         f.set_len(0)?;
@@ -846,6 +861,28 @@ mod tests {
             0o755,
             "the directory outside was chmodded"
         );
+    }
+
+    /// `open_files` opens the entry's files first and makes their directories only when
+    /// that fails: a symlink or a file planted where a directory of the entry belongs is
+    /// replaced by a directory, never followed.
+    #[test]
+    fn entries_under_planted_directories_are_made_in_real_ones() {
+        let outside = tempfile::tempdir().unwrap();
+        let c = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(c.path()).unwrap();
+        std::os::unix::fs::symlink(outside.path(), c.path().join("data/a")).unwrap();
+        std::fs::write(c.path().join("meta/a"), b"planted").unwrap();
+        let files = s.open_files(Path::new("a/b/f")).unwrap();
+        files.data.write_all_at(b"data", 0).unwrap();
+        for tree in ["data", "meta"] {
+            let dir = std::fs::symlink_metadata(c.path().join(tree).join("a")).unwrap();
+            assert!(dir.is_dir(), "{tree}/a is a real directory now");
+        }
+        assert_eq!(std::fs::read(c.path().join("data/a/b/f")).unwrap(), b"data");
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        // Opened again, by the short way.
+        assert!(s.open_files(Path::new("a/b/f")).is_ok());
     }
 
     /// An open of the data file that races a new version renamed over its name (another
