@@ -266,19 +266,9 @@ impl Watcher {
                 if left.is_zero() || batch.names.len() >= BATCH_MAX_EVENTS {
                     return Ok(batch);
                 }
-                let mut pfd = [rustix::event::PollFd::new(
-                    &self.fd,
-                    rustix::event::PollFlags::IN,
-                )];
-                let ts = rustix::event::Timespec {
-                    tv_sec: left.as_secs() as i64,
-                    tv_nsec: left.subsec_nanos() as i64,
-                };
-                match rustix::event::poll(&mut pfd, Some(&ts)) {
-                    Ok(0) => return Ok(batch),
-                    Ok(_) => {}
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => return Err(e.into()),
+                // (Interrupted by a signal: the batch ends a little early.)
+                if !self.wait_readable(left)? {
+                    return Ok(batch);
                 }
             }
             let mut reader = inotify::Reader::new(&self.fd, &mut buf);
