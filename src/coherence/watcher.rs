@@ -151,8 +151,7 @@ impl Watcher {
                 return None;
             }
         }
-        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
-        match inotify::add_watch(&self.fd, link.as_str(), FILE_WATCH_MASK) {
+        match self.add_watch(fd, FILE_WATCH_MASK) {
             Ok(wd) => {
                 let mut m = self.maps.write().unwrap();
                 if let Some(old) = m.file_of.insert(wd, id)
@@ -178,12 +177,19 @@ impl Watcher {
         self.len() == 0
     }
 
+    /// An inotify watch with `mask` on the object open as `fd`, through its
+    /// `/proc/self/fd` link: it lands on exactly that object, whatever its path now
+    /// resolves to.
+    fn add_watch(&self, fd: BorrowedFd<'_>, mask: WatchFlags) -> rustix::io::Result<i32> {
+        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        inotify::add_watch(&self.fd, link.as_str(), mask)
+    }
+
     /// Watches the directory open as `fd` (an `O_PATH` descriptor resolved beneath the
     /// source root): through its `/proc/self/fd` link, so the watch lands on exactly that
     /// directory whatever its path now resolves to.
     pub(super) fn add(&self, dir: u64, fd: BorrowedFd<'_>) -> bool {
-        let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
-        match inotify::add_watch(&self.fd, link.as_str(), WATCH_MASK) {
+        match self.add_watch(fd, WATCH_MASK) {
             Ok(wd) => {
                 let mut m = self.maps.write().unwrap();
                 if let Some(old) = m.dir_of.insert(wd, dir)
