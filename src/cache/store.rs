@@ -9,6 +9,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -627,10 +628,12 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
     rec.data = DataIdentity::of(&data);
     let bytes = rec.encode();
     let meta = &files.meta;
-    let mut f = meta;
-    f.seek(SeekFrom::Start(0))?;
-    f.write_all(&bytes)?;
-    meta.set_len(bytes.len() as u64)?;
+    meta.write_all_at(&bytes, 0)?;
+    // Cut only a longer record's tail: a truncation to the same length is no cheaper
+    // than a stat on ext4 (and this runs at every write of a record).
+    if fstat(meta.as_fd())?.size > bytes.len() as u64 {
+        meta.set_len(bytes.len() as u64)?;
+    }
     if durable {
         meta.sync_data()?;
     }

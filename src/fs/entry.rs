@@ -89,6 +89,9 @@ pub struct FileState {
     unsynced: u32,
     /// A write went to the source since the last checkpoint (the on-disk record is dirty).
     written: bool,
+    /// The dirty mark is on disk durably (`mark_dirty`): until then only changes of bytes
+    /// no record claims were made.
+    durably_dirty: bool,
     /// Fills or writes handed to the group commit (`fs/commit.rs`): the record on disk is
     /// dirty or claims less than `record`, until a sync of the cache covers the data and
     /// the record is written after it (`commit_synced`).
@@ -129,6 +132,7 @@ impl FileState {
             backing: Weak::new(),
             unsynced: 0,
             written: false,
+            durably_dirty: false,
             uncommitted: false,
             changes: 0,
             offline_base: None,
@@ -318,27 +322,58 @@ impl FileState {
         self.changes += 1;
     }
 
-    /// Before the first write of an open session: the on-disk record says "dirty", durably,
-    /// so that a crash between the source write and the cache write cannot leave a record
-    /// that claims the old bytes are current.
+    /// Before a change of the data file that may touch any byte it holds (truncation,
+    /// fallocate, an offline rewrite): the on-disk record says "dirty", durably when it
+    /// claims chunks, so that a crash between the source's change and the cache's cannot
+    /// leave a record that claims the old bytes are current.
     pub(super) fn mark_written(&mut self, env: &Env) {
+        let claims = self.record.present_count() > 0;
+        self.mark_dirty(env, claims);
+    }
+
+    /// Before a write of `len` bytes at `offset`: as `mark_written`, but durably only if
+    /// the write overlaps bytes the record claims. A write past every claimed byte (an
+    /// append) changes nothing a record on disk vouches for: after a crash the claimed
+    /// bytes are still the version's, whatever reached the disk beyond them.
+    pub(super) fn mark_write(&mut self, env: &Env, offset: u64, len: u64) {
+        let claims = self.claims_any(offset, offset.saturating_add(len));
+        self.mark_dirty(env, claims);
+    }
+
+    /// Whether the record claims any byte of `[start, end)`: a present chunk there, below
+    /// the version's size (the last chunk's tail past it is nobody's).
+    fn claims_any(&self, start: u64, end: u64) -> bool {
+        let rec = &self.record;
+        let end = end.min(rec.identity.size);
+        if start >= end || rec.present_count() == 0 {
+            return false;
+        }
+        let cs = rec.chunk_size;
+        (start / cs..end.div_ceil(cs)).any(|c| rec.is_present(c))
+    }
+
+    /// The record on disk becomes dirty before the session's first change, and durably so
+    /// before the first change that touches claimed bytes. A record that claims none of
+    /// the changed bytes cannot pair old bytes with the file after a crash, nor can any
+    /// record on disk: one claims more than this only if written since the last
+    /// checkpoint, and a loss of claims (reset, drop, truncation) is written durably or
+    /// follows a durable mark. So a new file's writes, and appends, wait for no sync.
+    fn mark_dirty(&mut self, env: &Env, durable: bool) {
         self.changes += 1;
-        if self.written {
+        if self.written && (self.durably_dirty || !durable) {
             return;
         }
         self.written = true;
         self.record.dirty = true;
-        // A record that claims no chunk cannot pair old bytes with the file after a crash,
-        // nor can any record on disk: one claims more than this only if written since the
-        // last checkpoint, and a loss of claims (reset, drop, truncation) is written durably
-        // or follows a durable mark. So a new file's first write waits for no sync.
-        let durable = self.record.present_count() > 0;
-        if let Some(files) = &self.files
-            && let Err(e) = write_record(files, &self.record, durable)
-        {
-            tracing::warn!("cannot mark cache record dirty: {e}");
-            Stats::add(&env.stats.cache_errors, 1);
-            self.files = None;
+        if let Some(files) = &self.files {
+            match write_record(files, &self.record, durable) {
+                Ok(()) => self.durably_dirty |= durable,
+                Err(e) => {
+                    tracing::warn!("cannot mark cache record dirty: {e}");
+                    Stats::add(&env.stats.cache_errors, 1);
+                    self.files = None;
+                }
+            }
         }
     }
 
@@ -496,6 +531,7 @@ impl FileState {
         self.uncommitted |= self.unsynced > 0 || self.written;
         self.unsynced = 0;
         self.written = false;
+        self.durably_dirty = false;
     }
 
     /// The group commit's mark, taken before its sync of the cache: `None` if nothing
@@ -572,6 +608,7 @@ impl FileState {
     fn nothing_to_commit(&mut self) {
         self.unsynced = 0;
         self.written = false;
+        self.durably_dirty = false;
         self.uncommitted = false;
         self.changes += 1;
     }
@@ -615,8 +652,12 @@ pub(super) fn fresh_data(
 ) -> io::Result<bool> {
     write_record(files, rec, durable)?;
     let size = rec.identity.size;
-    let held = replace || files.data.metadata()?.len() > 0;
+    let len = files.data.metadata()?.len();
+    let held = replace || len > 0;
     match path {
+        // A new or empty entry of an empty file (every file created through the mount):
+        // nothing to cut or size.
+        _ if !held && size == 0 => Ok(false),
         Some(path) if held => {
             // The old file's blocks go when its last holder closes it; the new one
             // starts as a hole.
@@ -780,6 +821,38 @@ mod tests {
         s.checkpoint(&env);
         assert_eq!(on_disk(&s), (false, 2));
         assert!(!s.needs_checkpoint());
+    }
+
+    #[test]
+    fn only_a_write_over_claimed_bytes_waits_for_a_durable_dirty_mark() {
+        let f = Fixture::new();
+        let env = f.env();
+        let mut s = f.state("a");
+        fill(&mut s, 0);
+        s.checkpoint(&env);
+        assert_eq!(on_disk(&s), (false, 1));
+        // An append, then a write into the chunk nobody claims: dirty, not synced.
+        s.mark_write(&env, 2 * CHUNK, 10);
+        assert_eq!(on_disk(&s), (true, 1), "marked dirty");
+        assert!(!s.durably_dirty);
+        s.mark_write(&env, CHUNK, CHUNK);
+        assert!(!s.durably_dirty);
+        // The last claimed byte: synced before the write.
+        s.mark_write(&env, CHUNK - 1, 1);
+        assert!(s.durably_dirty);
+        assert!(on_disk(&s).0);
+        s.checkpoint(&env);
+        assert_eq!(on_disk(&s), (false, 1));
+        assert!(!s.durably_dirty, "a checkpoint ends the session's mark");
+        // A truncation may cut claimed bytes: synced at once.
+        s.mark_written(&env);
+        assert!(s.durably_dirty);
+        // Nothing claimed: no write waits.
+        let mut s = f.state("empty");
+        s.mark_write(&env, 0, 2 * CHUNK);
+        s.mark_written(&env);
+        assert!(!s.durably_dirty);
+        assert_eq!(on_disk(&s), (true, 0));
     }
 
     #[test]

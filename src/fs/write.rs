@@ -32,7 +32,7 @@ impl CachingFs {
         let state = guard.as_mut().ok_or(Errno::EBADF)?;
         // Fetches in flight read the source before this write: none may land after it.
         state.fetch.invalidate();
-        state.mark_written(&self.env());
+        state.mark_write(&self.env(), offset, data.len() as u64);
         let owned = data.to_vec();
         let written = self
             .source

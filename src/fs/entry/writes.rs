@@ -36,10 +36,9 @@ impl FileState {
                     return Err(io::Error::from_raw_os_error(libc::ENOSPC));
                 }
                 // Counted by what the data file grew on disk: an overwrite adds nothing.
+                // (`pwrite` extends the file itself, past a hole if the write starts
+                // beyond its end.)
                 counted(env.usage, &files.data, || {
-                    if end > old_size {
-                        files.data.set_len(end)?;
-                    }
                     files.data.write_all_at(data, offset)
                 })
             })();
