@@ -624,11 +624,9 @@ impl CachingFs {
     /// Removes whatever the cache holds for `rel` (`CacheStore::remove`), counting what
     /// that frees.
     fn uncache(&self, rel: &Path) -> io::Result<()> {
-        let file = self.cache.has_record(rel);
-        let bytes = self.cache.data_bytes(rel);
-        self.cache.remove(rel)?;
-        self.usage.sub(bytes);
-        if file {
+        let removed = self.cache.remove_entry(rel)?;
+        self.usage.sub(removed.data_bytes);
+        if removed.record {
             self.usage.file_removed();
         }
         Ok(())

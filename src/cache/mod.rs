@@ -18,6 +18,7 @@
 //! links, with modes 0600/0700 (`store.rs`; docs/security.md C1-C5).
 
 pub mod listing;
+pub mod reaper;
 pub mod record;
 pub mod source_info;
 pub mod store;

@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::OFlags;
+use rustix::fs::{Mode, OFlags};
 
 use super::listing::{self, DirListing};
 use super::record::{CacheRecord, DataIdentity};
@@ -39,6 +39,17 @@ pub struct CacheStore {
     root: PathBuf,
     /// Held for the life of the store: one daemon per cache directory.
     _lock: File,
+    /// Frees removed cache files' inodes off the caller's path.
+    reaper: super::reaper::Reaper,
+}
+
+/// What a removed cache entry held (`CacheStore::remove_entry`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// A record (a regular file) was there.
+    pub record: bool,
+    /// The bytes the data file (or whatever was in its place) took on disk.
+    pub data_bytes: u64,
 }
 
 /// The two open files of one cached source file.
@@ -162,6 +173,7 @@ impl CacheStore {
             top: Arc::new(top),
             root: root.to_path_buf(),
             _lock: lock,
+            reaper: super::reaper::Reaper::start(),
         })
     }
 
@@ -317,6 +329,39 @@ impl CacheStore {
     }
 
     /// Removes whatever the cache holds for `rel` (file or directory subtree).
+    /// Removes the cache entry of `rel` (its record and data file; a directory there is
+    /// removed whole) and says what it held. The files' inodes are freed by the reaper,
+    /// which closes the descriptors held across their unlinks.
+    pub fn remove_entry(&self, rel: &Path) -> io::Result<Removed> {
+        let mut removed = Removed::default();
+        for (tree, is_meta) in [(&self.meta, true), (&self.data, false)] {
+            let (dir, name) = match tree.parent(rel) {
+                Ok(x) => x,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let held = match rustix::fs::openat(&dir, name.as_c_str(), flags, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(io::Error::from_raw_os_error(e.raw_os_error())),
+            };
+            let st = fstat(held.as_fd())?;
+            remove_at(&dir, &name)?;
+            if is_meta {
+                removed.record = st.mode & libc::S_IFMT == libc::S_IFREG;
+            } else {
+                removed.data_bytes = st.blocks * 512;
+            }
+            if st.mode & libc::S_IFMT == libc::S_IFREG && st.nlink <= 1 {
+                self.reaper.close_later(held);
+            }
+        }
+        Ok(removed)
+    }
+
     pub fn remove(&self, rel: &Path) -> io::Result<()> {
         remove_tree(&self.meta, rel)?;
         remove_tree(&self.data, rel)
@@ -369,13 +414,6 @@ impl CacheStore {
                 let _ = self.remove(now_at);
             }
         }
-    }
-
-    /// Whether a record of `rel` exists (a cached file).
-    pub fn has_record(&self, rel: &Path) -> bool {
-        self.meta
-            .stat(rel)
-            .is_ok_and(|st| st.mode & libc::S_IFMT == libc::S_IFREG)
     }
 
     /// Bytes the data file of `rel` occupies on disk.
