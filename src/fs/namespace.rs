@@ -3,6 +3,8 @@
 //! inode table, the saved listings and the cache.
 
 use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -41,7 +43,15 @@ impl CachingFs {
     }
 
     /// Sets a new object's owner to the caller's, following the setgid-directory rule.
-    pub(super) fn own_new(&self, path: &Path, parent: &Path, uid: u32, gid: u32) -> Result<()> {
+    /// `opened`: the new object's open descriptor, changed instead of its name.
+    pub(super) fn own_new(
+        &self,
+        path: &Path,
+        parent: &Path,
+        uid: u32,
+        gid: u32,
+        opened: Option<BorrowedFd<'_>>,
+    ) -> Result<()> {
         if !rustix::process::geteuid().is_root() {
             return Ok(());
         }
@@ -51,12 +61,33 @@ impl CachingFs {
         } else {
             Some(gid)
         };
-        self.source.chown_new(path, uid, gid).map_err(errno)
+        match opened {
+            Some(fd) => self
+                .source
+                .with_fd(fd, move |f| {
+                    // SAFETY: a plain syscall on an open descriptor.
+                    crate::source::cvt(unsafe {
+                        libc::fchown(f.as_raw_fd(), uid, gid.unwrap_or(u32::MAX))
+                    })
+                    .map(|_| ())
+                })
+                .map_err(errno),
+            None => self.source.chown_new(path, uid, gid).map_err(errno),
+        }
     }
 
-    pub(super) fn entry_after_create(&self, parent: u64, path: &Path) -> Result<FileAttr> {
+    /// The new object's entry; `known`: its attributes, if the caller has them.
+    pub(super) fn entry_after_create(
+        &self,
+        parent: u64,
+        path: &Path,
+        known: Option<Stat>,
+    ) -> Result<FileAttr> {
         self.listing_changed(path.parent().unwrap_or(Path::new("")));
-        let st = self.source.stat(path).map_err(errno)?;
+        let st = match known {
+            Some(st) => st,
+            None => self.source.stat(path).map_err(errno)?,
+        };
         let inode = self.inodes.lookup(parent, path, &st);
         Ok(attr_of(inode.id, &st))
     }
@@ -75,11 +106,14 @@ impl CachingFs {
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
-        self.finish_create(parent, &path, &dir, mode, uid, gid)
+        self.finish_create(parent, &path, &dir, mode, uid, gid, None)
     }
 
     /// Gives a new object to the caller; `chown` by root clears set-id bits, so they are
     /// put back afterwards.
+    #[allow(clippy::too_many_arguments)]
+    /// `opened`: the new file's open descriptor (a regular file's create), owned and
+    /// looked at through it rather than its name.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finish_create(
         &self,
@@ -89,11 +123,13 @@ impl CachingFs {
         mode: u32,
         uid: u32,
         gid: u32,
+        opened: Option<&File>,
     ) -> Result<FileAttr> {
-        if let Err(e) = self.own_new(path, dir, uid, gid) {
+        if let Err(e) = self.own_new(path, dir, uid, gid, opened.map(|f| f.as_fd())) {
             let _ = self.source.unlink(path);
             return Err(e);
         }
+        let mut known = None;
         if mode & (libc::S_ISUID | libc::S_ISGID) != 0 && mode & libc::S_IFMT != libc::S_IFLNK {
             let set = SetAttr {
                 mode: Some(mode & 0o7777),
@@ -102,8 +138,10 @@ impl CachingFs {
             self.source
                 .set_attr(Some(path), None, &set)
                 .map_err(errno)?;
+        } else if let Some(f) = opened {
+            known = Some(self.source.fstat(f.as_fd()).map_err(errno)?);
         }
-        self.entry_after_create(parent, path)
+        self.entry_after_create(parent, path, known)
     }
 
     pub fn mkdir(
@@ -123,11 +161,11 @@ impl CachingFs {
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mkdir(&path, mode).map_err(errno)?;
-        if let Err(e) = self.own_new(&path, &dir, uid, gid) {
+        if let Err(e) = self.own_new(&path, &dir, uid, gid, None) {
             let _ = self.source.rmdir(&path);
             return Err(e);
         }
-        self.entry_after_create(parent, &path)
+        self.entry_after_create(parent, &path, None)
     }
 
     pub fn symlink(
@@ -142,11 +180,11 @@ impl CachingFs {
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.symlink(target, &path).map_err(errno)?;
-        if let Err(e) = self.own_new(&path, &dir, uid, gid) {
+        if let Err(e) = self.own_new(&path, &dir, uid, gid, None) {
             let _ = self.source.unlink(&path);
             return Err(e);
         }
-        self.entry_after_create(parent, &path)
+        self.entry_after_create(parent, &path, None)
     }
 
     pub fn readlink(&self, id: u64) -> Result<Vec<u8>> {

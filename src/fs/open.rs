@@ -57,7 +57,8 @@ impl CachingFs {
                 .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
             {
                 Ok(file) => {
-                    let attr = self.finish_create(parent, &path, &dir, mode, uid, gid)?;
+                    let attr =
+                        self.finish_create(parent, &path, &dir, mode, uid, gid, Some(&file))?;
                     (file, attr)
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
@@ -65,7 +66,7 @@ impl CachingFs {
                         .source
                         .open_file(&path, Self::source_flags(flags) | (flags & libc::O_TRUNC))
                         .map_err(errno)?;
-                    (file, self.entry_after_create(parent, &path)?)
+                    (file, self.entry_after_create(parent, &path, None)?)
                 }
                 Err(e) => return Err(errno(e)),
             };
