@@ -252,7 +252,11 @@ impl CachingFs {
                     || state.written()
                 {
                     state.own_version(self.recorded_identity(&now));
-                    if !state.written() {
+                    // A record that waits for its checkpoint or group commit is written
+                    // by it, with this identity: persisting it now would sync the data
+                    // file on this request's path (tar's chmod, chown and utimens right
+                    // after each close).
+                    if !state.written() && !state.needs_checkpoint() {
                         state.persist_record(&self.env(), false);
                     }
                 }

@@ -229,7 +229,10 @@ impl CachingFs {
         let data_event = data_event && st.nlink > 0;
         if !data_event && old.size == now.size && old.mtime == now.mtime {
             state.own_version(self.recorded_identity(st));
-            state.persist_record(&self.env(), false);
+            // (A record waiting for its checkpoint or commit is written by it.)
+            if !state.needs_checkpoint() {
+                state.persist_record(&self.env(), false);
+            }
             return Some(true);
         }
         if !self.keep_version(inode, state, st) {
