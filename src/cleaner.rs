@@ -117,6 +117,8 @@ pub struct Usage {
     files_removed_total: AtomicU64,
     /// A scan ran while the cache changed: the next one comes soon (`RESCAN_SOON`).
     rescan_soon: std::sync::atomic::AtomicBool,
+    /// The last scan found the cache within reach of a limit (`RESCAN_FAR` otherwise).
+    near_limit: std::sync::atomic::AtomicBool,
     /// Bytes of fetches under way (counted in `bytes` from their start, so that concurrent
     /// fetches see each other; a scan cannot see them yet).
     reserved: AtomicU64,
@@ -489,9 +491,7 @@ pub fn clean_once(
     let reserved = usage.reserved.load(Relaxed);
     let (added, removed) = (after.0 - before.0, after.1 - before.1);
     let (files_added, files_removed) = (after.2 - before.2, after.3 - before.3);
-    if added + removed + files_added + files_removed > 0 {
-        usage.rescan_soon.store(true, Relaxed);
-    }
+    let raced = added + removed + files_added + files_removed > 0;
     let mut used = 0;
     let _ = usage.bytes.fetch_update(Relaxed, Relaxed, |v| {
         used = clamp(v, scan.on_disk + reserved, added, removed);
@@ -522,8 +522,16 @@ pub fn clean_once(
     // its file system): free enough that the file system keeps min_free available, and
     // a margin more (the gap between the watermarks, as a share of min_free), so that
     // the cleaner does not run again for every chunk fetched.
-    if let Some(l) = limits {
-        let free = fs.cache_fs_free();
+    let free = limits.map(|_| fs.cache_fs_free());
+    // A figure that raced changes is made true soon only near a limit: far below them
+    // the next periodic scan is soon enough, and a scan of a large cache during a burst
+    // of writes or deletes costs the workload a share of a core (issue 22).
+    let near_limit = limits
+        .zip(free)
+        .is_some_and(|(l, free)| used >= l.low() / 2 || free < l.min_free_bytes.saturating_mul(2));
+    usage.rescan_soon.store(raced && near_limit, Relaxed);
+    usage.near_limit.store(near_limit, Relaxed);
+    if let (Some(l), Some(free)) = (limits, free) {
         if free < l.min_free_bytes {
             let margin = l.min_free_bytes / 100 * (l.high_pct.saturating_sub(l.low_pct)) as u64;
             let short = l.min_free_bytes - free + margin;
@@ -573,12 +581,18 @@ pub fn clean_once(
 /// truncated through the mount) and catch the file system filling from outside.
 const RESCAN_MIN: Duration = Duration::from_secs(5);
 
+/// The same far below every limit: what the usage figure misses between scans cannot
+/// matter there, and a burst that brings the cache near a limit kicks the cleaner
+/// (`Usage::may_grow`). A scan reads every record, so a large cache scanned every few
+/// seconds costs a write-heavy workload a share of a core.
+const RESCAN_FAR: Duration = Duration::from_secs(60);
+
 /// The next scan after one that ran while the cache changed.
 const RESCAN_SOON: Duration = Duration::from_millis(200);
 
 /// Runs the cleaner on its own thread: a first scan at start (off the mount's critical
-/// path), then a pass whenever kicked, and a rescan every `RESCAN_MIN` (`RESCAN_SOON`
-/// after a scan that raced changes) or twenty times as long as the last scan took (so
+/// path), then a pass whenever kicked, and a rescan every `RESCAN_MIN` near a limit
+/// (`RESCAN_SOON` after a scan that raced changes there; `RESCAN_FAR` far below them) or twenty times as long as the last scan took (so
 /// that a huge cache costs at most 5 % of one core), at most `period` apart. The thread
 /// is the returned group's; stopping it ends the thread after the pass in progress.
 pub fn spawn(
@@ -601,8 +615,10 @@ pub fn spawn(
             clean_once(&trees, &pins, &usage, target.take(), fs.as_ref());
             let least = if usage.rescan_soon.swap(false, Relaxed) {
                 RESCAN_SOON
-            } else {
+            } else if usage.near_limit.load(Relaxed) {
                 RESCAN_MIN
+            } else {
+                RESCAN_FAR
             };
             let wait = (started.elapsed() * 20).max(least).min(period);
             match rx.recv_timeout(wait) {
