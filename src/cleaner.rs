@@ -531,12 +531,12 @@ pub fn clean_once(
         .is_some_and(|(l, free)| used >= l.low() / 2 || free < l.min_free_bytes.saturating_mul(2));
     usage.rescan_soon.store(raced && near_limit, Relaxed);
     usage.near_limit.store(near_limit, Relaxed);
-    if let (Some(l), Some(free)) = (limits, free) {
-        if free < l.min_free_bytes {
-            let margin = l.min_free_bytes / 100 * (l.high_pct.saturating_sub(l.low_pct)) as u64;
-            let short = l.min_free_bytes - free + margin;
-            goal = goal.min(used.saturating_sub(short));
-        }
+    if let (Some(l), Some(free)) = (limits, free)
+        && free < l.min_free_bytes
+    {
+        let margin = l.min_free_bytes / 100 * (l.high_pct.saturating_sub(l.low_pct)) as u64;
+        let short = l.min_free_bytes - free + margin;
+        goal = goal.min(used.saturating_sub(short));
     }
     if goal >= used {
         return 0;
