@@ -695,6 +695,14 @@ fn mkdir_p(tree: &BeneathRoot, rel: &Path) -> io::Result<()> {
     if tree.stat(rel).is_ok_and(|st| st.is_dir()) {
         return Ok(());
     }
+    // A new directory's parent nearly always exists: made from the bottom up, one mkdir
+    // each for the missing ones (a tree unpacked through the mount made `depth` failed
+    // mkdirs and stats per new directory, top down).
+    if mkdir_up(tree, rel)? {
+        return Ok(());
+    }
+    // Something other than a directory in the way (a link or file planted, or stale):
+    // each component is made or replaced, top down.
     let mut cur = PathBuf::new();
     for c in rel.components() {
         cur.push(c);
@@ -710,6 +718,29 @@ fn mkdir_p(tree: &BeneathRoot, rel: &Path) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes the directory `rel` and its missing ancestors, from the bottom up. False if a
+/// component is in the way (not a directory, or a link), which the caller replaces.
+fn mkdir_up(tree: &BeneathRoot, rel: &Path) -> io::Result<bool> {
+    let made = |r: io::Result<()>| match r {
+        Ok(()) => Ok(true),
+        Err(e) => match e.raw_os_error() {
+            // Made meanwhile (another thread), or something else is there.
+            Some(libc::EEXIST) => Ok(tree.stat(rel)?.is_dir()),
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP) => Ok(false),
+            _ => Err(e),
+        },
+    };
+    match tree.mkdir(rel, 0o700) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            match rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+                Some(parent) if mkdir_up(tree, parent)? => made(tree.mkdir(rel, 0o700)),
+                _ => Ok(false),
+            }
+        }
+        r => made(r),
+    }
 }
 
 /// Removes `rel` beneath `tree`, recursively for directories, never following symlinks.
@@ -924,6 +955,25 @@ mod tests {
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
         // Opened again, by the short way.
         assert!(s.open_files(Path::new("a/b/f")).is_ok());
+    }
+
+    #[test]
+    fn missing_directories_are_made_bottom_up_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let c = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(c.path()).unwrap();
+        s.open_files(Path::new("x/f")).unwrap();
+        // Three levels missing under an existing one, then a sibling of the deepest.
+        s.open_files(Path::new("x/y/z/w/f")).unwrap();
+        s.open_files(Path::new("x/y/z/v/f")).unwrap();
+        for tree in ["data", "meta"] {
+            for d in ["x/y", "x/y/z", "x/y/z/w", "x/y/z/v"] {
+                let m = std::fs::symlink_metadata(c.path().join(tree).join(d)).unwrap();
+                assert!(m.is_dir(), "{tree}/{d}");
+                assert_eq!(m.permissions().mode() & 0o7777, 0o700, "{tree}/{d}");
+            }
+            assert!(c.path().join(tree).join("x/y/z/v/f").is_file());
+        }
     }
 
     /// An open of the data file that races a new version renamed over its name (another
