@@ -199,6 +199,14 @@ mod tests {
         }
     }
 
+    /// An error of the store with `source` as its text, and no status in it.
+    fn generic(source: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: source.into(),
+        }
+    }
+
     #[test]
     fn the_status_is_a_field_however_the_answer_came() {
         let e = ObjectError::store("get", "k", answered("503 Service Unavailable: "));
@@ -217,10 +225,7 @@ mod tests {
         let e = ObjectError::store(
             "get",
             "k",
-            object_store::Error::Generic {
-                store: "S3",
-                source: "Server returned error response: <Code>InternalError</Code>".into(),
-            },
+            generic("Server returned error response: <Code>InternalError</Code>"),
         );
         assert_eq!((e.status, e.errno()), (None, libc::EIO));
         let no_answer = HttpError::new(HttpErrorKind::Connect, io::Error::other("refused"));
@@ -287,10 +292,7 @@ mod tests {
         let e = ObjectError::store(
             "get",
             "k",
-            object_store::Error::Generic {
-                store: "S3",
-                source: "Server returned error response: <Code>InvalidRange</Code>".into(),
-            },
+            generic("Server returned error response: <Code>InvalidRange</Code>"),
         );
         assert!(e.range_not_satisfiable());
         // A key that reads like the code is not an answer.
