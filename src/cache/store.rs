@@ -328,7 +328,6 @@ impl CacheStore {
         }
     }
 
-    /// Removes whatever the cache holds for `rel` (file or directory subtree).
     /// Removes the cache entry of `rel` (its record and data file; a directory there is
     /// removed whole) and says what it held. The files' inodes are freed by the reaper,
     /// which closes the descriptors held across their unlinks.
@@ -362,6 +361,7 @@ impl CacheStore {
         Ok(removed)
     }
 
+    /// Removes whatever the cache holds for `rel` (file or directory subtree).
     pub fn remove(&self, rel: &Path) -> io::Result<()> {
         remove_tree(&self.meta, rel)?;
         remove_tree(&self.data, rel)

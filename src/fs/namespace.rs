@@ -4,7 +4,7 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -62,34 +62,33 @@ impl CachingFs {
             Some(gid)
         };
         match opened {
-            Some(fd) => self
-                .source
-                .with_fd(fd, move |f| {
-                    // SAFETY: a plain syscall on an open descriptor.
-                    crate::source::cvt(unsafe {
-                        libc::fchown(f.as_raw_fd(), uid, gid.unwrap_or(u32::MAX))
-                    })
-                    .map(|_| ())
-                })
-                .map_err(errno),
+            Some(fd) => {
+                let owner = SetAttr {
+                    uid: Some(uid),
+                    gid,
+                    ..Default::default()
+                };
+                self.source.set_attr(None, Some(fd), &owner).map_err(errno)
+            }
             None => self.source.chown_new(path, uid, gid).map_err(errno),
         }
     }
 
-    /// The new object's entry; `known`: its attributes, if the caller has them.
+    /// The new object's entry and attributes; `known`: its attributes, if the caller has
+    /// them.
     pub(super) fn entry_after_create(
         &self,
         parent: u64,
         path: &Path,
         known: Option<Stat>,
-    ) -> Result<FileAttr> {
+    ) -> Result<(FileAttr, Stat)> {
         self.listing_changed(path.parent().unwrap_or(Path::new("")));
         let st = match known {
             Some(st) => st,
             None => self.source.stat(path).map_err(errno)?,
         };
         let inode = self.inodes.lookup(parent, path, &st);
-        Ok(attr_of(inode.id, &st))
+        Ok((attr_of(inode.id, &st), st))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -106,14 +105,15 @@ impl CachingFs {
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
         self.source.mknod(&path, mode, rdev as u64).map_err(errno)?;
-        self.finish_create(parent, &path, &dir, mode, uid, gid, None)
+        Ok(self
+            .finish_create(parent, &path, &dir, mode, uid, gid, None)?
+            .0)
     }
 
     /// Gives a new object to the caller; `chown` by root clears set-id bits, so they are
-    /// put back afterwards.
-    #[allow(clippy::too_many_arguments)]
-    /// `opened`: the new file's open descriptor (a regular file's create), owned and
-    /// looked at through it rather than its name.
+    /// put back afterwards. `opened`: the new file's open descriptor (a regular file's
+    /// create), owned and looked at through it rather than its name. Returns its entry
+    /// and the attributes it was made from.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finish_create(
         &self,
@@ -124,12 +124,11 @@ impl CachingFs {
         uid: u32,
         gid: u32,
         opened: Option<&File>,
-    ) -> Result<FileAttr> {
+    ) -> Result<(FileAttr, Stat)> {
         if let Err(e) = self.own_new(path, dir, uid, gid, opened.map(|f| f.as_fd())) {
             let _ = self.source.unlink(path);
             return Err(e);
         }
-        let mut known = None;
         if mode & (libc::S_ISUID | libc::S_ISGID) != 0 && mode & libc::S_IFMT != libc::S_IFLNK {
             let set = SetAttr {
                 mode: Some(mode & 0o7777),
@@ -138,9 +137,10 @@ impl CachingFs {
             self.source
                 .set_attr(Some(path), None, &set)
                 .map_err(errno)?;
-        } else if let Some(f) = opened {
-            known = Some(self.source.fstat(f.as_fd()).map_err(errno)?);
         }
+        let known = (opened.map(|f| self.source.fstat(f.as_fd())))
+            .transpose()
+            .map_err(errno)?;
         self.entry_after_create(parent, path, known)
     }
 
@@ -165,7 +165,7 @@ impl CachingFs {
             let _ = self.source.rmdir(&path);
             return Err(e);
         }
-        self.entry_after_create(parent, &path, None)
+        Ok(self.entry_after_create(parent, &path, None)?.0)
     }
 
     pub fn symlink(
@@ -184,7 +184,7 @@ impl CachingFs {
             let _ = self.source.unlink(&path);
             return Err(e);
         }
-        self.entry_after_create(parent, &path, None)
+        Ok(self.entry_after_create(parent, &path, None)?.0)
     }
 
     pub fn readlink(&self, id: u64) -> Result<Vec<u8>> {

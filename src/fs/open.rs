@@ -51,27 +51,29 @@ impl CachingFs {
         let path = child(&dir, name)?;
         // Exclusive first, so that we know we made it and may give it to the caller; a file
         // that appeared on the source meanwhile is opened as it is unless O_EXCL was asked.
-        let (file, attr) =
+        // The new file's attributes, as the file open for the caller has them.
+        let (file, attr, mut st) =
             match self
                 .source
                 .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
             {
                 Ok(file) => {
-                    let attr =
+                    let (attr, st) =
                         self.finish_create(parent, &path, &dir, mode, uid, gid, Some(&file))?;
-                    (file, attr)
+                    (file, attr, st)
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
                     let file = self
                         .source
                         .open_file(&path, Self::source_flags(flags) | (flags & libc::O_TRUNC))
                         .map_err(errno)?;
-                    (file, self.entry_after_create(parent, &path, None)?)
+                    let (attr, _) = self.entry_after_create(parent, &path, None)?;
+                    let st = self.source.fstat(file.as_fd()).map_err(errno)?;
+                    (file, attr, st)
                 }
                 Err(e) => return Err(errno(e)),
             };
         let inode = self.inode(attr.ino.0)?;
-        let mut st = self.source.fstat(file.as_fd()).map_err(errno)?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // An `O_PATH` descriptor of the new file, as an open keeps: its close never reaches
         // the source (a duplicate of `file` would send a FLUSH, under the file's lock).
