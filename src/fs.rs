@@ -232,6 +232,10 @@ pub struct CachingFs {
     oplog: Mutex<OpLog>,
     /// Handles open for writing offline: replay waits until they are closed.
     offline_writers: AtomicU64,
+    /// Uploads finished (object stores): a stat of the store taken before one may show
+    /// the older object after the upload has cleared the file's pending mark
+    /// (`fs/object.rs`, `pending_attr`).
+    uploads_done: AtomicU64,
     /// Serialises offline changes to the saved listings.
     offline_edits: Mutex<()>,
     /// Files closed with fills or writes waiting for one sync of the cache (`fs/commit.rs`).
@@ -372,6 +376,7 @@ impl CachingFs {
             .closing_through(source.clone()),
             oplog: Mutex::new(oplog),
             offline_writers: AtomicU64::new(0),
+            uploads_done: AtomicU64::new(0),
             offline_edits: Mutex::new(()),
             commits: Default::default(),
             lock_waits: Default::default(),

@@ -315,6 +315,45 @@ fn a_file_unlinked_or_renamed_while_open_for_writing_behaves_as_on_a_disk() {
     assert!(c.stat(Path::new("r1.txt")).is_err());
 }
 
+/// A flush uploads the file while other threads stat it: a stat never shows the store's
+/// older object once a write has returned (the stat's HEAD may come before an upload
+/// that clears the pending mark before the answer is made).
+#[test]
+fn stats_racing_flushes_never_show_a_size_older_than_the_last_write() {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let v = Versity::start(&[BUCKET]);
+    let m = mount(&v, &[]);
+    let f = std::fs::File::create(m.m("grow.txt")).unwrap();
+    let acked = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let rounds = 150u64;
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut stats = 0u64;
+                while !done.load(Ordering::Acquire) {
+                    let low = acked.load(Ordering::Acquire);
+                    let len = std::fs::metadata(m.m("grow.txt")).unwrap().len();
+                    assert!(len >= low, "stat gave {len} bytes after a write made {low}");
+                    stats += 1;
+                }
+                assert!(stats > 10, "only {stats} stats raced the flushes");
+            });
+        }
+        for n in 0..rounds {
+            f.write_all_at(b"x", n).unwrap();
+            acked.store(n + 1, Ordering::Release);
+            // close(dup(fd)) sends FLUSH, which uploads (as an exec'd child's close does).
+            drop(f.as_fd().try_clone_to_owned().unwrap());
+        }
+        done.store(true, Ordering::Release);
+    });
+    drop(f);
+    assert_eq!(get(&client(&v), "grow.txt"), vec![b'x'; rounds as usize]);
+}
+
 #[test]
 fn an_emptied_prefix_directory_stays_until_rmdir() {
     let v = Versity::start(&[BUCKET]);

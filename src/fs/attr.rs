@@ -54,12 +54,13 @@ impl CachingFs {
             return self.source.fstat(src.as_fd()).map_err(errno);
         }
         let inode = self.inode(id)?;
+        let seen = self.uploads_seen();
         // The watcher answers for the file while its callback stands.
         if let Some(cb) = inode.callback()
             && self.coherence.callback_holds(&cb, id, inode.parent())
         {
             let mut st = cb.stat;
-            self.pending_attr(id, &mut st);
+            self.pending_attr(id, seen, &mut st);
             return Ok(st);
         }
         let mut elsewhere = false;
@@ -78,7 +79,7 @@ impl CachingFs {
         };
         match stat {
             Ok(mut st) => {
-                self.pending_attr(id, &mut st);
+                self.pending_attr(id, seen, &mut st);
                 Ok(st)
             }
             // The node's name leads elsewhere: the kernel's dentry is stale (dropped now).
@@ -93,7 +94,7 @@ impl CachingFs {
                     self.coherence.notify(notice);
                 }
                 let mut st = self.fstat_own(&inode).ok_or(Errno::ESTALE)?;
-                self.pending_attr(id, &mut st);
+                self.pending_attr(id, seen, &mut st);
                 Ok(st)
             }
             // fstat of an open file whose name is gone: answer from an open descriptor.
@@ -108,7 +109,7 @@ impl CachingFs {
                     tracing::debug!(id, path = ?inode.path(), "getattr of a node whose name is gone");
                     Errno::ESTALE
                 })?;
-                self.pending_attr(id, &mut st);
+                self.pending_attr(id, seen, &mut st);
                 Ok(st)
             }
             Err(e) => Err(errno(e)),

@@ -32,9 +32,10 @@ impl CachingFs {
         self.coherence
             .watch_dir(parent, || self.source.dir(&dir_path).ok());
         let path = child(&dir_path, name)?;
+        let seen = self.uploads_seen();
         let mut st = self.source.stat(&path).map_err(errno)?;
         let inode = self.inodes.lookup(parent, &path, &st);
-        self.pending_attr(inode.id, &mut st);
+        self.pending_attr(inode.id, seen, &mut st);
         Ok(attr_of(inode.id, &st))
     }
 

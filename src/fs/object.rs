@@ -10,6 +10,7 @@
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FopenFlags};
@@ -105,6 +106,8 @@ impl CachingFs {
         Stats::add(&self.stats.cache.bytes_uploaded, after.size);
         state.own_version(self.identity(&after));
         state.checkpoint(&self.env());
+        // Under the file's lock, with the pending mark cleared: see `pending_attr`.
+        self.uploads_done.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -261,6 +264,7 @@ impl CachingFs {
             atime: None,
             ..attr
         };
+        let seen = self.uploads_seen();
         let mut after = if meta.mode.is_some()
             || meta.uid.is_some()
             || meta.gid.is_some()
@@ -291,7 +295,7 @@ impl CachingFs {
                 self.own_change(&path, &before, &after, attr.mtime.is_some());
             }
         }
-        self.pending_attr(inode.id, &mut after);
+        self.pending_attr(inode.id, seen, &mut after);
         Ok(attr_of(inode.id, &after))
     }
 
@@ -315,18 +319,38 @@ impl CachingFs {
         r
     }
 
+    /// The count of finished uploads, taken before a stat of the source that
+    /// `pending_attr` completes.
+    pub(super) fn uploads_seen(&self) -> u64 {
+        self.uploads_done.load(Ordering::Acquire)
+    }
+
     /// A file with writes not yet uploaded: the mount shows the cache's size and mtime,
-    /// not the store's older object.
-    pub(super) fn pending_attr(&self, id: u64, st: &mut Stat) {
+    /// not the store's older object. `st` was taken from the source after `seen`
+    /// (`uploads_seen`); if an upload finished since, it may be the older object while
+    /// the pending mark is already gone, so the file is stat'ed again.
+    pub(super) fn pending_attr(&self, id: u64, mut seen: u64, st: &mut Stat) {
         if self.caps().in_place_writes || !st.is_file() {
             return;
         }
         let Ok(inode) = self.inode(id) else { return };
-        let guard = inode.file();
-        if let Some(state) = guard.as_ref().filter(|s| s.written()) {
-            st.size = state.record().identity.size;
-            st.blocks = st.size.div_ceil(512);
-            st.mtime = state.record().identity.mtime;
+        // Bounded: each pass needs another upload to finish during its stat.
+        for _ in 0..8 {
+            if let Some(state) = inode.file().as_ref().filter(|s| s.written()) {
+                st.size = state.record().identity.size;
+                st.blocks = st.size.div_ceil(512);
+                st.mtime = state.record().identity.mtime;
+                return;
+            }
+            let now = self.uploads_seen();
+            if now == seen {
+                return;
+            }
+            seen = now;
+            match inode.path().map(|path| self.source.stat(&path)) {
+                Some(Ok(again)) if again.is_file() => *st = again,
+                _ => return,
+            }
         }
     }
 }
