@@ -126,6 +126,9 @@ pub struct Handle {
     fetch: HandleFetch,
     /// Where its writes go, decided at open.
     writes: Writes,
+    /// Opened with `FOPEN_NOFLUSH`: its closes send no FLUSH, so the owners that took
+    /// locks through it have them dropped at its RELEASE instead (`fs/locks.rs`).
+    noflush: Option<std::sync::Mutex<Vec<u64>>>,
 }
 
 /// Where an open file's writes go.

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{BIN, TestMount, pattern};
+use common::{BIN, TestMount, pattern, wait_until};
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
@@ -354,6 +354,67 @@ fn posix_locks_are_taken_on_the_source() {
         0
     );
     assert_eq!(probe.l_type, libc::F_UNLCK as i16);
+}
+
+/// A reader's close sends no FLUSH (`FOPEN_NOFLUSH`), yet every close still drops the
+/// locks POSIX says it drops.
+#[test]
+fn readers_close_without_a_flush_and_their_locks_still_go() {
+    let t = TestMount::new(&[]);
+    fs::write(t.m("lockme"), b"x").unwrap();
+    let flushes = |t: &TestMount| t.stats().requests["flush"];
+    let lock = |f: &fs::File, typ: i32| {
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) }
+    };
+    // Whether a process on the source itself could take a write lock now.
+    let source_unlocked = |t: &TestMount| {
+        let other = fs::File::open(t.s("lockme")).unwrap();
+        let mut probe: libc::flock = unsafe { std::mem::zeroed() };
+        probe.l_type = libc::F_WRLCK as i16;
+        probe.l_whence = libc::SEEK_SET as i16;
+        let r = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut probe) };
+        assert_eq!(r, 0);
+        probe.l_type == libc::F_UNLCK as i16
+    };
+
+    // Plain reads: no FLUSH at all.
+    let before = flushes(&t);
+    for _ in 0..5 {
+        assert_eq!(fs::read(t.m("lockme")).unwrap(), b"x");
+    }
+    assert_eq!(flushes(&t), before);
+
+    // A read lock taken through such a reader goes with its close.
+    let r = fs::File::open(t.m("lockme")).unwrap();
+    assert_eq!(lock(&r, libc::F_RDLCK), 0);
+    assert!(!source_unlocked(&t), "the read lock is not on the source");
+    drop(r);
+    wait_until(
+        Duration::from_secs(5),
+        "the read lock dropped at release",
+        || source_unlocked(&t),
+    );
+
+    // While the file has a lock holder, a reader opened then closes with a FLUSH, and that
+    // close drops the holder's locks taken through another descriptor, as POSIX says.
+    let w = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.m("lockme"))
+        .unwrap();
+    assert_eq!(lock(&w, libc::F_WRLCK), 0);
+    assert!(!source_unlocked(&t));
+    let before = flushes(&t);
+    drop(fs::File::open(t.m("lockme")).unwrap());
+    assert_eq!(flushes(&t), before + 1);
+    assert!(
+        source_unlocked(&t),
+        "closing another descriptor kept the lock"
+    );
+    drop(w);
 }
 
 /// With a source timeout, a blocking lock that waits for another holder longer than the

@@ -20,10 +20,16 @@ impl CachingFs {
             // machine.
             return Err(Errno::ENOSYS);
         }
+        let h = self.handle(fh)?;
+        if let Some(owners) = &h.noflush {
+            let mut owners = owners.lock().unwrap();
+            if !owners.contains(&owner) {
+                owners.push(owner);
+            }
+        }
         if let Some(f) = self.locks.lock().unwrap().get(&(id, owner)) {
             return Ok(f.clone());
         }
-        let h = self.handle(fh)?;
         // OFD locks need a descriptor open for the lock's type: read-write where possible.
         let path = h.inode.path().ok_or(Errno::ENOENT)?;
         let f = self
@@ -35,6 +41,25 @@ impl CachingFs {
         // locks, and this one is closed (guarded) on return.
         let mut locks = self.locks.lock().unwrap();
         Ok(locks.entry((id, owner)).or_insert(Arc::new(f)).clone())
+    }
+
+    /// Whether no owner holds (or has asked about) locks on `id`: then a reader's close
+    /// need not reach the daemon (`FOPEN_NOFLUSH`). POSIX drops a process's locks on a
+    /// file at its close of any descriptor of it; for a descriptor opened while the file
+    /// had no lock holder, the daemon drops the locks taken through it when it is
+    /// released (its last close) instead.
+    pub(super) fn no_lock_holders(&self, id: u64) -> bool {
+        !self.caps().posix_locks || !self.locks.lock().unwrap().keys().any(|&(i, _)| i == id)
+    }
+
+    /// Drops `owner`'s locks on `id`: its lock descriptor is closed (through the source
+    /// guard, by whoever uses it last), and waiters for them try again.
+    pub(super) fn drop_locks(&self, id: u64, owner: u64) {
+        let lock = self.locks.lock().unwrap().remove(&(id, owner));
+        if lock.is_some() {
+            drop(lock);
+            self.lock_waits.kick(id);
+        }
     }
 
     fn flock_struct(start: u64, end: u64, typ: i32) -> libc::flock {

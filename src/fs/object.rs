@@ -74,6 +74,7 @@ impl CachingFs {
                 passthrough: None,
                 fetch: HandleFetch::default(),
                 writes,
+                noflush: None,
             }),
         );
         Opened {

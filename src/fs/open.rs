@@ -109,6 +109,7 @@ impl CachingFs {
                 passthrough: None,
                 fetch: HandleFetch::default(),
                 writes: Writes::Through,
+                noflush: None,
             }),
         );
         Ok((
@@ -525,7 +526,7 @@ impl CachingFs {
             };
             backing = b;
         }
-        let fopen = if backing.is_some() {
+        let mut fopen = if backing.is_some() {
             state.opened(OpenKind::Passthrough);
             Stats::add(&self.stats.cache.passthrough_opens, 1);
             FopenFlags::FOPEN_PASSTHROUGH
@@ -540,6 +541,11 @@ impl CachingFs {
             }
         };
         drop(guard);
+        // A reader has nothing to flush; its close matters only for locks (`fs/locks.rs`).
+        let noflush = !writable && self.no_lock_holders(id);
+        if noflush {
+            fopen |= FopenFlags::FOPEN_NOFLUSH;
+        }
         let fh = self.new_fh();
         self.handles.lock().unwrap().insert(
             fh,
@@ -550,6 +556,7 @@ impl CachingFs {
                 passthrough: backing.clone(),
                 fetch: HandleFetch::default(),
                 writes: Writes::Through,
+                noflush: noflush.then(Default::default),
             }),
         );
         self.grant_lease(id);

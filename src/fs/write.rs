@@ -60,13 +60,8 @@ impl CachingFs {
     }
 
     pub fn flush(&self, id: u64, fh: u64, lock_owner: u64) -> Result<()> {
-        // close() drops the caller's POSIX locks on this file, as on a local file system:
-        // its lock descriptor is closed (through the source guard, by whoever uses it last).
-        let lock = self.locks.lock().unwrap().remove(&(id, lock_owner));
-        if lock.is_some() {
-            drop(lock);
-            self.lock_waits.kick(id);
-        }
+        // close() drops the caller's POSIX locks on this file, as on a local file system.
+        self.drop_locks(id, lock_owner);
         // Written offline: the content goes to the offline log on close (Coda's store).
         if let Ok(h) = self.handle(fh)
             && h.writes_to_cache()
@@ -112,6 +107,13 @@ impl CachingFs {
         let Some(h) = self.handles.lock().unwrap().remove(&fh) else {
             return Err(Errno::EBADF);
         };
+        // No FLUSH came for it: the locks taken through it go with its last close.
+        if let Some(owners) = &h.noflush {
+            let owners = std::mem::take(&mut *owners.lock().unwrap());
+            for owner in owners {
+                self.drop_locks(h.inode.id, owner);
+            }
+        }
         let mut guard = h.inode.file();
         if h.writes == Writes::Logged {
             if let Some(state) = guard.as_mut()
