@@ -110,6 +110,9 @@ pub struct Config {
     /// Every open asks the source, even where a watcher's callback covers the file.
     pub close_to_open: bool,
     pub passthrough: bool,
+    /// The kernel opens files itself and keeps their pages between opens
+    /// (`fs/kernel_opens.rs`): no OPEN, FLUSH or RELEASE reaches the daemon.
+    pub kernel_opens: bool,
     pub allow_other: bool,
     pub read_only: bool,
     /// Mount over a mount point that is not empty (hiding what it holds).
@@ -179,6 +182,7 @@ impl Config {
             stale_check: true,
             close_to_open: false,
             passthrough: true,
+            kernel_opens: false,
             allow_other: false,
             read_only: false,
             nonempty: false,
@@ -536,6 +540,14 @@ impl Config {
         if self.is_object_source() && self.offline_writes == OfflineWrites::Log {
             return Err(ConfigError::Invalid(
                 "offline_writes=log is not available for object-store sources yet".into(),
+            ));
+        }
+        if self.is_object_source() && self.kernel_opens {
+            return Err(ConfigError::Invalid(
+                "kernel_opens is not available for object-store sources: they upload a \
+                 written file when it is closed, and with kernel opens no close reaches \
+                 hoardfs"
+                    .into(),
             ));
         }
         if !self.chunk_size.is_power_of_two() || self.chunk_size < 4096 {

@@ -45,6 +45,7 @@ mod dir;
 mod entry;
 mod evict;
 mod fetch;
+mod kernel_opens;
 mod lock_waits;
 mod locks;
 mod namespace;
@@ -239,6 +240,9 @@ pub struct CachingFs {
     /// the older object after the upload has cleared the file's pending mark
     /// (`fs/object.rs`, `pending_attr`).
     uploads_done: AtomicU64,
+    /// With kernel opens: the daemon's handle of each file removed by the mount while the
+    /// kernel still knew it, by node, until the kernel forgets it (`fs/kernel_opens.rs`).
+    kernel_opens: Option<Mutex<HashMap<u64, u64>>>,
     /// Serialises offline changes to the saved listings.
     offline_edits: Mutex<()>,
     /// Files closed with fills or writes waiting for one sync of the cache (`fs/commit.rs`).
@@ -349,7 +353,7 @@ impl CachingFs {
             dirs: Mutex::default(),
             locks: Mutex::default(),
             next_fh: AtomicU64::new(1),
-            passthrough_ok: AtomicBool::new(cfg.passthrough),
+            passthrough_ok: AtomicBool::new(cfg.passthrough && !cfg.kernel_opens),
             estale_told: Mutex::default(),
             stats: Stats::default(),
             coherence,
@@ -380,6 +384,7 @@ impl CachingFs {
             oplog: Mutex::new(oplog),
             offline_writers: AtomicU64::new(0),
             uploads_done: AtomicU64::new(0),
+            kernel_opens: cfg.kernel_opens.then(Mutex::default),
             offline_edits: Mutex::new(()),
             commits: Default::default(),
             lock_waits: Default::default(),

@@ -159,7 +159,12 @@ impl Filesystem for FuseAdapter {
             | InitFlags::FUSE_READDIRPLUS_AUTO;
         // A source without locks (an object store): without these the kernel keeps them
         // itself, local to this machine.
-        if self.fs.caps().posix_locks {
+        if self.fs.kernel_opens() {
+            // No open or close reaches us: the kernel drops its pages of a file whose
+            // size or mtime it finds changed once its attributes expire, and keeps locks
+            // itself (a close would have to reach us to drop them on the source).
+            want |= InitFlags::FUSE_AUTO_INVAL_DATA;
+        } else if self.fs.caps().posix_locks {
             // flock(2) arrives as a whole-file lock owned by the open file; it is taken on
             // the source like POSIX locks, so it excludes across mounts.
             want |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
@@ -203,7 +208,8 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let call = self.call(Op::Getattr, req);
-        match self.fs.getattr(ino.0, fh.map(|f| f.0)) {
+        // Handle 0: a kernel open's (`fs/kernel_opens.rs`), none of ours.
+        match self.fs.getattr(ino.0, fh.map(|f| f.0).filter(|&f| f != 0)) {
             Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
             Err(e) => reply.error(call.fail(e)),
         }
@@ -240,7 +246,12 @@ impl Filesystem for FuseAdapter {
         // (`FUSE_HANDLE_KILLPRIV_V2`; fuser does not pass the kernel's
         // `FATTR_KILL_SUIDGID`, so "not root" stands for it).
         let kill_suidgid = req.uid() != 0;
-        match self.fs.setattr(ino.0, fh.map(|f| f.0), set, kill_suidgid) {
+        match (self.fs).setattr(
+            ino.0,
+            fh.map(|f| f.0).filter(|&f| f != 0),
+            set,
+            kill_suidgid,
+        ) {
             Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
             Err(e) => reply.error(call.fail(e)),
         }
@@ -358,6 +369,10 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let call = self.call(Op::Open, req);
+        if self.fs.kernel_opens() {
+            // From this answer on the kernel opens files itself (`fs/kernel_opens.rs`).
+            return reply.error(Errno::ENOSYS);
+        }
         let r = self
             .fs
             .open(ino.0, flags.0, req.pid(), &|f| reply.open_backing(f));
@@ -373,16 +388,22 @@ impl Filesystem for FuseAdapter {
     fn read(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         let call = self.call(Op::Read, req);
-        match self.fs.read(fh.0, offset, size) {
+        let r = if fh.0 == 0 {
+            let flags = libc::O_RDONLY | (flags.0 & !libc::O_ACCMODE);
+            (self.fs).with_request_handle(ino.0, flags, |fh| self.fs.read(fh, offset, size))
+        } else {
+            self.fs.read(fh.0, offset, size)
+        };
+        match r {
             Ok(v) => reply.data(&v),
             Err(e) => reply.error(call.fail(e)),
         }
@@ -391,18 +412,24 @@ impl Filesystem for FuseAdapter {
     fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let call = self.call(Op::Write, req);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.fs.write(fh.0, offset, data, kill) {
+        let r = if fh.0 == 0 {
+            let flags = libc::O_WRONLY | (flags.0 & !libc::O_ACCMODE);
+            (self.fs).with_request_handle(ino.0, flags, |fh| self.fs.write(fh, offset, data, kill))
+        } else {
+            self.fs.write(fh.0, offset, data, kill)
+        };
+        match r {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(call.fail(e)),
         }
@@ -417,6 +444,11 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let call = self.call(Op::Flush, req);
+        if fh.0 == 0 {
+            // A kernel open (`fs/kernel_opens.rs`): nothing to do at close, and the kernel
+            // stops asking.
+            return reply.error(Errno::ENOSYS);
+        }
         Self::empty(&call, reply, self.fs.flush(ino.0, fh.0, lock_owner.0));
     }
 
@@ -440,13 +472,18 @@ impl Filesystem for FuseAdapter {
     fn fsync(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
         let call = self.call(Op::Fsync, req);
-        Self::empty(&call, reply, self.fs.fsync(fh.0, datasync));
+        let r = if fh.0 == 0 {
+            (self.fs).with_request_handle_rw(ino.0, |fh| self.fs.fsync(fh, datasync))
+        } else {
+            self.fs.fsync(fh.0, datasync)
+        };
+        Self::empty(&call, reply, r);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -606,6 +643,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         let call = self.call(Op::Create, req);
+        if self.fs.kernel_opens() {
+            // The kernel makes the file with MKNOD then, and opens it itself.
+            return reply.error(Errno::ENOSYS);
+        }
         match self
             .fs
             .create(parent.0, name, mode, flags, req.uid(), req.gid())
@@ -687,7 +728,7 @@ impl Filesystem for FuseAdapter {
     fn fallocate(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
@@ -695,20 +736,33 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let call = self.call(Op::Fallocate, req);
-        Self::empty(&call, reply, self.fs.fallocate(fh.0, offset, length, mode));
+        let r = if fh.0 == 0 {
+            (self.fs)
+                .with_request_handle_rw(ino.0, |fh| self.fs.fallocate(fh, offset, length, mode))
+        } else {
+            self.fs.fallocate(fh.0, offset, length, mode)
+        };
+        Self::empty(&call, reply, r);
     }
 
     fn lseek(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
         let call = self.call(Op::Lseek, req);
-        match self.fs.lseek(fh.0, offset, whence) {
+        let r = if fh.0 == 0 {
+            (self.fs).with_request_handle(ino.0, libc::O_RDONLY, |fh| {
+                self.fs.lseek(fh, offset, whence)
+            })
+        } else {
+            self.fs.lseek(fh.0, offset, whence)
+        };
+        match r {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(call.fail(e)),
         }

@@ -141,6 +141,9 @@ pub struct Inode<F> {
     /// must not leave a window in which an open keeps pages of the old version.
     content: AtomicU64,
     pages_dropped: AtomicU64,
+    /// A request through a kernel open (`fs/kernel_opens.rs`) was served: the kernel may
+    /// hold pages of the file that no open of ours decided on.
+    served_kernel_open: AtomicBool,
     /// A look at the source file that stands until the watcher breaks it
     /// (`coherence::Callback`), and the breaks so far: a look taken before a break is
     /// never installed after it (`grant_callback`).
@@ -199,6 +202,7 @@ impl<F> Inode<F> {
             index: index.clone(),
             content: AtomicU64::new(0),
             pages_dropped: AtomicU64::new(0),
+            served_kernel_open: AtomicBool::new(false),
             callback: Mutex::new(None),
             breaks: AtomicU64::new(0),
         }
@@ -248,6 +252,17 @@ impl<F> Inode<F> {
     /// The kernel dropped its pages of every version up to `version`.
     pub fn pages_dropped(&self, version: u64) {
         self.pages_dropped.fetch_max(version, Ordering::AcqRel);
+    }
+
+    /// A request through a kernel open was served.
+    pub fn served_kernel_open(&self) {
+        self.served_kernel_open.store(true, Ordering::Release);
+    }
+
+    /// Whether the kernel may hold pages of this file that no open of ours gave it leave
+    /// to keep: with kernel opens, only those a served request gave it.
+    pub fn kernel_open_pages(&self) -> bool {
+        self.served_kernel_open.load(Ordering::Acquire)
     }
 
     /// Whether the kernel's pages, if any, are of the current version.
@@ -715,6 +730,12 @@ impl<F> InodeTable<F> {
             }
         }
         out
+    }
+
+    /// Whether the kernel references node `id` (it may have it open).
+    pub fn is_referenced(&self, id: u64) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner.by_id.get(&id).is_some_and(|e| e.count > 0)
     }
 
     /// Every entry the kernel references.

@@ -369,6 +369,15 @@ pub static OPTIONS: &[Opt] = &[
         |c, on| c.passthrough = !on,
     )
     .help("Serve reads of fully cached files through the daemon instead of FUSE passthrough"),
+    Opt::switch("kernel_opens", "kernel_opens", None, KERNEL, |c, on| {
+        c.kernel_opens |= on
+    })
+    .help(
+        "Let the kernel open files itself and keep their pages between opens: no request \
+         per open or close, for trees of small files read again and again. Changes behind \
+         the mount reach readers by the watcher's notices or the attribute TTL, not at \
+         open; no passthrough; locks are local to this machine (README, \"Kernel opens\")",
+    ),
     Opt::switch("allow_other", "allow_other", None, KERNEL, |c, on| {
         c.allow_other |= on
     })

@@ -235,6 +235,15 @@ fn invalid_invocations_get_clear_messages() {
             },
         ),
         (
+            vec![o("s3://bucket"), p("mnt").into(), o("--kernel-opens")],
+            2,
+            if cfg!(feature = "s3") {
+                "kernel_opens is not available for object-store sources"
+            } else {
+                "built without the s3 feature"
+            },
+        ),
+        (
             vec![
                 p("src").into(),
                 p("mnt").into(),

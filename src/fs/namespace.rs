@@ -41,6 +41,7 @@ impl CachingFs {
 
     pub fn forget(&self, id: u64, n: u64) {
         self.inodes.forget(id, n);
+        self.forget_kept_handle(id);
     }
 
     /// Sets a new object's owner to the caller's, following the setgid-directory rule.
@@ -205,6 +206,9 @@ impl CachingFs {
         let path = child(&self.path_of(parent)?, name)?;
         let before = self.source.stat(&path).map_err(errno)?;
         let inode = self.find_inode(&path, &before);
+        if let Some(inode) = &inode {
+            self.keep_open_while_known(inode);
+        }
         let uploads_held = self.hold_uploads(inode.as_deref());
         self.source.unlink(&path).map_err(errno)?;
         if let Some(inode) = &inode {
@@ -284,6 +288,15 @@ impl CachingFs {
         let inode = (before.as_ref())
             .filter(|_| !self.caps().in_place_writes)
             .and_then(|b| self.find_inode(&from, b));
+        if self.kernel_opens() && flags & libc::RENAME_EXCHANGE == 0 {
+            // The file renamed over may be open.
+            if let Some(target) = (self.source.stat(&to).ok())
+                .filter(|st| st.is_file())
+                .and_then(|st| self.find_inode(&to, &st))
+            {
+                self.keep_open_while_known(&target);
+            }
+        }
         let uploads_held = self.hold_uploads(inode.as_deref());
         self.source.rename(&from, &to, flags).map_err(errno)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;

@@ -155,7 +155,7 @@ impl CachingFs {
 
     /// `open`; `first_estale`: when this thread's previous open, of which this one is the
     /// kernel's retry, answered ESTALE.
-    fn open_node(
+    pub(super) fn open_node(
         &self,
         id: u64,
         flags: i32,
@@ -385,7 +385,10 @@ impl CachingFs {
         }
         // Also after a reset at load: the kernel may hold pages from an earlier open, and
         // only a returned notice lets later opens keep pages again (`kernel_pages_current`).
-        if !keep_cache {
+        // With kernel opens, pages come only from requests served: a file's first fill
+        // leaves the kernel nothing to drop (and dropping would throw away the pages the
+        // request that loads it is reading).
+        if !keep_cache && (!self.kernel_opens() || inode.kernel_open_pages()) {
             self.coherence.notify(Notice::Inode(id));
         }
         let was_complete = guard.as_ref().unwrap().complete() && keep_cache;

@@ -1,0 +1,112 @@
+//! Kernel opens (`--kernel-opens`): the daemon answers OPEN and CREATE with `ENOSYS`, and
+//! the kernel opens files itself from then on. It keeps a file's pages between opens
+//! (`FOPEN_KEEP_CACHE` is its default then) and sends no FLUSH or RELEASE, so a warm
+//! read of a cached file costs no request at all. Changes behind the mount reach the
+//! kernel's pages only by the watcher's notices (`fs/changes.rs`) and, where nothing
+//! watches, by the attribute TTL (`FUSE_AUTO_INVAL_DATA`): no open looks at the source.
+//!
+//! Requests on such files carry no handle (fh 0). Each is served through a handle opened
+//! for it alone and released after it, so it sees what an open would: the cache state
+//! validated against the source (or held by a callback), fetched as needed.
+//!
+//! A file whose last name the mount removes while the kernel still knows it may be open:
+//! a handle is opened on it before the removal and kept until the kernel forgets the
+//! node, so descriptors open on it read and write on, as on a local disk.
+
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+
+use fuser::{BackingId, Errno};
+
+use super::{CachingFs, Inode, Result};
+
+/// Handles opened for one request pass no file to the kernel.
+fn no_backing(_: &File) -> io::Result<BackingId> {
+    Err(io::Error::from_raw_os_error(libc::ENOTSUP))
+}
+
+impl CachingFs {
+    pub fn kernel_opens(&self) -> bool {
+        self.kernel_opens.is_some()
+    }
+
+    /// Runs `op` with a handle for a request on node `id` that came with none, opened with
+    /// `flags` (an access mode and the caller's sync flags): the handle kept for a removed
+    /// file, or one opened for this request and released after it.
+    pub fn with_request_handle<T>(
+        &self,
+        id: u64,
+        flags: i32,
+        op: impl FnOnce(u64) -> Result<T>,
+    ) -> Result<T> {
+        let kept = self.kernel_opens.as_ref().ok_or(Errno::EBADF)?;
+        let kept_fh = kept.lock().unwrap().get(&id).copied();
+        if let Some(fh) = kept_fh {
+            return op(fh);
+        }
+        let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
+        let opened = self.open_node(id, flags & keep, None, &no_backing)?;
+        let r = op(opened.fh);
+        if let Ok(inode) = self.inode(id) {
+            inode.served_kernel_open();
+        }
+        if let Err(e) = self.release(opened.fh) {
+            tracing::debug!(id, "release of a request's handle: {e:?}");
+        }
+        r
+    }
+
+    /// As `with_request_handle`, for a write where the file may allow no writing
+    /// (fsync, fallocate of a file opened read-only): open for writing if possible.
+    pub fn with_request_handle_rw<T>(&self, id: u64, op: impl Fn(u64) -> Result<T>) -> Result<T> {
+        match self.with_request_handle(id, libc::O_WRONLY, &op) {
+            Err(e) if e == Errno::EACCES || e == Errno::EROFS || e == Errno::EPERM => {
+                self.with_request_handle(id, libc::O_RDONLY, &op)
+            }
+            r => r,
+        }
+    }
+
+    /// Before the mount removes a name of `inode` (unlink, rename over it): if the kernel
+    /// knows the node, a handle is kept open on it until the kernel forgets it.
+    pub(super) fn keep_open_while_known(&self, inode: &Arc<Inode>) {
+        let Some(kept) = &self.kernel_opens else {
+            return;
+        };
+        if inode.file_type != libc::S_IFREG
+            || !self.inodes.is_referenced(inode.id)
+            || kept.lock().unwrap().contains_key(&inode.id)
+        {
+            return;
+        }
+        let opened = self
+            .open_node(inode.id, libc::O_RDWR, None, &no_backing)
+            .or_else(|_| self.open_node(inode.id, libc::O_RDONLY, None, &no_backing));
+        match opened {
+            Ok(o) => {
+                let earlier = kept.lock().unwrap().insert(inode.id, o.fh);
+                // Another removal kept one meanwhile: one is enough.
+                if let Some(fh) = earlier {
+                    let _ = self.release(fh);
+                }
+            }
+            Err(e) => tracing::debug!(id = inode.id, "cannot keep a removed file open: {e:?}"),
+        }
+    }
+
+    /// The kernel dropped references to node `id`: when none is left, so goes the handle
+    /// kept for it.
+    pub(super) fn forget_kept_handle(&self, id: u64) {
+        let Some(kept) = &self.kernel_opens else {
+            return;
+        };
+        if self.inodes.is_referenced(id) {
+            return;
+        }
+        let fh = kept.lock().unwrap().remove(&id);
+        if let Some(fh) = fh {
+            let _ = self.release(fh);
+        }
+    }
+}

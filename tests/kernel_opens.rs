@@ -1,0 +1,231 @@
+//! `--kernel-opens`: the kernel opens files itself and keeps their pages, so warm reads
+//! reach the daemon not at all; writes still go through to the source before they return,
+//! a file removed while open reads and writes on, and changes behind the mount reach
+//! readers by the watcher's notices or the attribute TTL (README, "Kernel opens").
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{TestMount, pattern, wait_until};
+
+fn requests(t: &TestMount) -> BTreeMap<String, u64> {
+    t.stats().requests
+}
+
+fn grown(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    b.iter()
+        .filter(|(k, v)| **v > a.get(*k).copied().unwrap_or(0))
+        .map(|(k, v)| (k.clone(), v - a.get(k).copied().unwrap_or(0)))
+        .collect()
+}
+
+#[test]
+fn warm_reads_and_closes_reach_the_daemon_not_at_all() {
+    let t = TestMount::new(&["--kernel-opens"]);
+    let files: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| (format!("f{i:02}"), pattern(1000 + i * 5000, i as u64)))
+        .collect();
+    for (name, data) in &files {
+        fs::write(t.s(name), data).unwrap();
+    }
+    let read_all = || {
+        for (name, data) in &files {
+            assert_eq!(&fs::read(t.m(name)).unwrap(), data, "{name}");
+        }
+    };
+    read_all();
+    read_all();
+    let before = requests(&t);
+    read_all();
+    read_all();
+    let more = grown(&before, &requests(&t));
+    for op in ["open", "read", "flush", "release", "getattr", "lookup"] {
+        assert!(!more.contains_key(op), "warm reads sent {more:?}");
+    }
+    // No handle is left behind by the requests that filled the cache.
+    assert_eq!(t.stats().open_handles, 0);
+    assert!(t.stats().cache.bytes_from_source > 0);
+}
+
+#[test]
+fn writes_appends_and_truncations_reach_the_source_before_they_return() {
+    let t = TestMount::new(&["--kernel-opens"]);
+    // Created through MKNOD (the kernel's way when CREATE answers ENOSYS), mode as asked.
+    let mut f = fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(t.m("new.txt"))
+        .unwrap();
+    f.write_all(b"hello").unwrap();
+    assert_eq!(fs::read(t.s("new.txt")).unwrap(), b"hello");
+    f.write_all(b" world").unwrap();
+    assert_eq!(fs::read(t.s("new.txt")).unwrap(), b"hello world");
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(t.s("new.txt")).unwrap().mode() & 0o7777, 0o644);
+    assert_eq!(fs::read(t.m("new.txt")).unwrap(), b"hello world");
+
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(t.m("new.txt"))
+        .unwrap();
+    f.write_all(b"!").unwrap();
+    drop(f);
+    assert_eq!(fs::read(t.s("new.txt")).unwrap(), b"hello world!");
+    assert_eq!(fs::read(t.m("new.txt")).unwrap(), b"hello world!");
+
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("new.txt"))
+        .unwrap();
+    f.set_len(5).unwrap();
+    f.write_all_at(b"HELLO", 0).unwrap();
+    drop(f);
+    assert_eq!(fs::read(t.s("new.txt")).unwrap(), b"HELLO");
+    fs::write(t.m("new.txt"), b"truncated by O_TRUNC").unwrap();
+    assert_eq!(fs::read(t.s("new.txt")).unwrap(), b"truncated by O_TRUNC");
+    assert_eq!(fs::read(t.m("new.txt")).unwrap(), b"truncated by O_TRUNC");
+
+    // A large file written in pieces and read back whole, through the cache.
+    let big = pattern(3 << 20, 7);
+    let mut f = fs::File::create(t.m("big.bin")).unwrap();
+    for piece in big.chunks(100_000) {
+        f.write_all(piece).unwrap();
+    }
+    drop(f);
+    assert_eq!(fs::read(t.s("big.bin")).unwrap(), big);
+    assert_eq!(fs::read(t.m("big.bin")).unwrap(), big);
+    fs::set_permissions(t.m("big.bin"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(t.s("big.bin")).unwrap().mode() & 0o7777, 0o600);
+    assert_eq!(t.stats().open_handles, 0);
+}
+
+#[test]
+fn a_file_removed_while_open_is_read_and_written_on() {
+    let t = TestMount::new(&["--kernel-opens"]);
+    // Unlinked while open, as a temporary file is.
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(t.m("tmp"))
+        .unwrap();
+    f.write_all(b"before").unwrap();
+    fs::remove_file(t.m("tmp")).unwrap();
+    assert!(!t.s("tmp").exists());
+    f.write_all(b" after").unwrap();
+    let mut back = String::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before after");
+    let st = f.metadata().unwrap();
+    assert_eq!((st.len(), st.nlink()), (12, 0));
+
+    // Renamed over while open: the old file's reader goes on reading the old content,
+    // past what the kernel had of it.
+    let old = pattern(1 << 20, 1);
+    fs::write(t.s("target"), &old).unwrap();
+    let reader = fs::File::open(t.m("target")).unwrap();
+    let mut head = vec![0u8; 4096];
+    reader.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(head, old[..4096]);
+    fs::write(t.m("replacement"), b"new").unwrap();
+    fs::rename(t.m("replacement"), t.m("target")).unwrap();
+    assert_eq!(fs::read(t.m("target")).unwrap(), b"new");
+    let mut rest = vec![0u8; old.len() - 4096];
+    reader.read_exact_at(&mut rest, 4096).unwrap();
+    assert_eq!(rest, old[4096..]);
+    drop(reader);
+    drop(f);
+    // The handles kept for them go when the kernel forgets the files.
+    wait_until(Duration::from_secs(10), "kept handles released", || {
+        t.stats().open_handles == 0
+    });
+}
+
+/// Changes behind the mount: on a watched source its notices drop the kernel's pages; on
+/// an unwatched one the kernel finds a new size or mtime once the attribute TTL is over.
+#[test]
+fn changes_behind_the_mount_reach_readers() {
+    for args in [
+        &["--kernel-opens"][..],
+        &["--kernel-opens", "--watch", "off", "--attr-ttl", "1"][..],
+    ] {
+        let t = TestMount::new(args);
+        fs::write(t.s("f"), b"version 1").unwrap();
+        assert_eq!(fs::read(t.m("f")).unwrap(), b"version 1");
+        assert_eq!(fs::read(t.m("f")).unwrap(), b"version 1");
+        // In place, same size.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(t.s("f"))
+            .unwrap()
+            .write_all_at(b"2", 8)
+            .unwrap();
+        let took = wait_until(Duration::from_secs(5), "an in-place change", || {
+            fs::read(t.m("f")).unwrap() == b"version 2"
+        });
+        // Replaced by a rename.
+        fs::write(t.s("f.new"), b"version three").unwrap();
+        fs::rename(t.s("f.new"), t.s("f")).unwrap();
+        wait_until(Duration::from_secs(5), "a replacement", || {
+            fs::read(t.m("f")).is_ok_and(|d| d == b"version three")
+        });
+        eprintln!("{args:?}: in-place change seen after {took:?}");
+    }
+}
+
+/// Files replaced behind the mount (by rename, each version one byte value over several
+/// pages) while readers read them whole through the mount: a read gets one version whole,
+/// or fails with ESTALE when the replaced file has no name left; never a mix.
+#[test]
+fn replacements_behind_the_mount_never_give_a_mixed_read() {
+    let t = TestMount::new(&["--kernel-opens"]);
+    const LEN: usize = 3 * 4096 + 100;
+    fs::write(t.s("f"), vec![0u8; LEN]).unwrap();
+    let done = AtomicBool::new(false);
+    let (reads, stale) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    match fs::read(t.m("f")) {
+                        Ok(data) => {
+                            assert_eq!(data.len(), LEN, "a short read");
+                            assert!(
+                                data.iter().all(|&b| b == data[0]),
+                                "a read mixed versions {} and {:?}",
+                                data[0],
+                                data.iter().find(|&&b| b != data[0])
+                            );
+                            reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::ESTALE) => {
+                            stale.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => panic!("read failed: {e}"),
+                    }
+                }
+            });
+        }
+        let t0 = Instant::now();
+        let mut v = 1u8;
+        while t0.elapsed() < Duration::from_secs(3) {
+            fs::write(t.s("f.new"), vec![v; LEN]).unwrap();
+            fs::rename(t.s("f.new"), t.s("f")).unwrap();
+            v = v.wrapping_add(1);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        done.store(true, Ordering::Release);
+    });
+    let (reads, stale) = (reads.into_inner(), stale.into_inner());
+    eprintln!("{reads} whole reads, {stale} ESTALE");
+    assert!(reads > 100, "only {reads} reads");
+}
