@@ -181,6 +181,15 @@ pub struct DirList {
     generation: u64,
 }
 
+/// What one READDIR serves: `list`'s entries from `start`, entry `i` at offset
+/// `cookie | (i + 1)` (`cookie` names the listing a kernel-opened directory is read in,
+/// `fs/kernel_opens.rs`; 0 for a handle's own).
+pub struct Listing {
+    pub list: Arc<DirList>,
+    pub start: usize,
+    pub cookie: u64,
+}
+
 /// One entry of a directory listing held by an open directory handle.
 #[derive(Clone, Debug)]
 pub struct ListEntry {
@@ -240,9 +249,9 @@ pub struct CachingFs {
     /// the older object after the upload has cleared the file's pending mark
     /// (`fs/object.rs`, `pending_attr`).
     uploads_done: AtomicU64,
-    /// With kernel opens: the daemon's handle of each file removed by the mount while the
-    /// kernel still knew it, by node, until the kernel forgets it (`fs/kernel_opens.rs`).
-    kernel_opens: Option<Mutex<HashMap<u64, u64>>>,
+    /// With `--kernel-opens`: handles kept for removed files, listings being read
+    /// (`fs/kernel_opens.rs`).
+    kernel_opens: Option<kernel_opens::KernelOpens>,
     /// Serialises offline changes to the saved listings.
     offline_edits: Mutex<()>,
     /// Files closed with fills or writes waiting for one sync of the cache (`fs/commit.rs`).
@@ -384,7 +393,7 @@ impl CachingFs {
             oplog: Mutex::new(oplog),
             offline_writers: AtomicU64::new(0),
             uploads_done: AtomicU64::new(0),
-            kernel_opens: cfg.kernel_opens.then(Mutex::default),
+            kernel_opens: cfg.kernel_opens.then(Default::default),
             offline_edits: Mutex::new(()),
             commits: Default::default(),
             lock_waits: Default::default(),

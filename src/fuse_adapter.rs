@@ -488,6 +488,10 @@ impl Filesystem for FuseAdapter {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let call = self.call(Op::Opendir, req);
+        if self.fs.kernel_opens() {
+            // The kernel opens directories itself and keeps their listings.
+            return reply.error(Errno::ENOSYS);
+        }
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), self.fs.dir_open_flags(ino.0)),
             Err(e) => reply.error(call.fail(e)),
@@ -497,16 +501,17 @@ impl Filesystem for FuseAdapter {
     fn readdir(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let call = self.call(Op::Readdir, req);
-        match self.fs.dir_entries(fh.0, offset) {
-            Ok(list) => {
-                for (i, e) in list.entries.iter().enumerate().skip(offset as usize) {
-                    if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
+        match self.fs.listing(ino.0, fh.0, offset) {
+            Ok(l) => {
+                for (i, e) in l.list.entries.iter().enumerate().skip(l.start) {
+                    let at = l.cookie | (i + 1) as u64;
+                    if reply.add(INodeNo(e.ino), at, e.kind, &e.name) {
                         break;
                     }
                 }
@@ -519,25 +524,25 @@ impl Filesystem for FuseAdapter {
     fn readdirplus(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let call = self.call(Op::Readdirplus, req);
-        let list = match self.fs.dir_entries(fh.0, offset) {
-            Ok(list) => list,
+        let (list, mut i, cookie) = match self.fs.listing(ino.0, fh.0, offset) {
+            Ok(l) => (l.list, l.start, l.cookie),
             Err(e) => return reply.error(call.fail(e)),
         };
         let (ttl, _) = self.fs.entry_ttls(list.dir_id);
-        let mut i = offset as usize;
         'fill: while i < list.entries.len() {
             // Stat in batches: a reply buffer holds a few dozen entries.
             let attrs = self.fs.readdirplus_attrs(&list, i, 64);
             for (k, attr) in attrs.iter().enumerate() {
                 let e = &list.entries[i + k];
                 let Some(attr) = attr else { continue };
-                if reply.add(attr.ino, (i + k + 1) as u64, &e.name, &ttl, attr, GEN) {
+                let at = cookie | (i + k + 1) as u64;
+                if reply.add(attr.ino, at, &e.name, &ttl, attr, GEN) {
                     // Did not fit: undo the lookups of this and the rest of the batch.
                     for a in attrs[k..].iter().flatten() {
                         // `.` and `..` carry the directory's id and were not counted.

@@ -229,3 +229,94 @@ fn replacements_behind_the_mount_never_give_a_mixed_read() {
     eprintln!("{reads} whole reads, {stale} ESTALE");
     assert!(reads > 100, "only {reads} reads");
 }
+
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Directories are opened by the kernel too and their listings kept: a second listing
+/// sends nothing, a change through the mount shows at once, one behind it within the
+/// watcher's delay, and a directory too large for one request lists whole.
+#[test]
+fn listings_are_kept_and_follow_changes() {
+    let t = TestMount::new(&["--kernel-opens"]);
+    fs::create_dir(t.s("d")).unwrap();
+    let mut expect: Vec<String> = (0..3000).map(|i| format!("n{i:04}")).collect();
+    for n in &expect {
+        fs::write(t.s(&format!("d/{n}")), b"").unwrap();
+    }
+    assert_eq!(names(&t.m("d")), expect);
+    let before = requests(&t);
+    assert_eq!(names(&t.m("d")), expect);
+    let more = grown(&before, &requests(&t));
+    for op in ["opendir", "readdir", "readdirplus", "releasedir"] {
+        assert!(!more.contains_key(op), "a second listing sent {more:?}");
+    }
+
+    fs::write(t.m("d/new"), b"").unwrap();
+    fs::remove_file(t.m("d/n0000")).unwrap();
+    expect.remove(0);
+    expect.push("new".into());
+    assert_eq!(names(&t.m("d")), expect);
+
+    fs::write(t.s("d/behind"), b"").unwrap();
+    fs::remove_file(t.s("d/n0001")).unwrap();
+    expect.remove(0);
+    expect.insert(0, "behind".into());
+    wait_until(
+        Duration::from_secs(5),
+        "changes behind the mount listed",
+        || names(&t.m("d")) == expect,
+    );
+}
+
+/// Two listers read a directory of many requests' worth of names while names come and go
+/// behind the mount: each listing has every name that stayed throughout, none twice.
+#[test]
+fn listings_racing_changes_behind_the_mount_are_each_whole() {
+    let t = TestMount::new(&["--kernel-opens"]);
+    fs::create_dir(t.s("d")).unwrap();
+    let stable: Vec<String> = (0..2000).map(|i| format!("stable{i:04}")).collect();
+    for n in &stable {
+        fs::write(t.s(&format!("d/{n}")), b"").unwrap();
+    }
+    let done = AtomicBool::new(false);
+    let listings = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    let got = names(&t.m("d"));
+                    let mut unique = got.clone();
+                    unique.dedup();
+                    assert_eq!(unique.len(), got.len(), "a name listed twice");
+                    let missing: Vec<&String> = stable
+                        .iter()
+                        .filter(|n| got.binary_search(n).is_err())
+                        .collect();
+                    assert!(missing.is_empty(), "listed without {missing:?}");
+                    listings.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let t0 = Instant::now();
+        let mut i = 0u64;
+        while t0.elapsed() < Duration::from_secs(3) {
+            fs::write(t.s(&format!("d/churn{i}")), b"").unwrap();
+            if i >= 5 {
+                fs::remove_file(t.s(&format!("d/churn{}", i - 5))).unwrap();
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        done.store(true, Ordering::Release);
+    });
+    let listings = listings.into_inner();
+    eprintln!("{listings} listings");
+    assert!(listings > 20, "only {listings} listings");
+}

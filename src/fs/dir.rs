@@ -10,33 +10,28 @@ use std::sync::atomic::Ordering;
 
 use fuser::{Errno, FileAttr, FileType};
 
-use super::{CachingFs, DirList, ListEntry, Result, attr_of, child, errno, kind_of};
+use super::{CachingFs, DirList, ListEntry, Listing, Result, attr_of, child, errno, kind_of};
 
 impl CachingFs {
     pub fn opendir(&self, id: u64) -> Result<u64> {
-        let inode = self.inode(id)?;
-        // As in `open`: the kernel looks the name up again.
-        let path = inode.path().ok_or(Errno::ESTALE)?;
-        let offline = |path: &Path| {
-            let list = self.offline_dir_list(id, path)?;
-            let fh = self.new_fh();
-            self.dirs.lock().unwrap().insert(fh, Arc::new(list));
-            Ok(fh)
-        };
-        if !self.online() {
-            return offline(&path);
-        }
-        match self.opendir_online(id, &path) {
-            Err(_) if !self.online() => offline(&path),
-            r => r,
-        }
-    }
-
-    fn opendir_online(&self, id: u64, path: &Path) -> Result<u64> {
-        let list = self.list_dir_online(id, path)?;
+        let list = self.list_dir(id)?;
         let fh = self.new_fh();
         self.dirs.lock().unwrap().insert(fh, Arc::new(list));
         Ok(fh)
+    }
+
+    /// Directory `id`'s listing, from the source or, offline, the saved one.
+    pub(super) fn list_dir(&self, id: u64) -> Result<DirList> {
+        let inode = self.inode(id)?;
+        // As in `open`: the kernel looks the name up again.
+        let path = inode.path().ok_or(Errno::ESTALE)?;
+        if !self.online() {
+            return self.offline_dir_list(id, &path);
+        }
+        match self.list_dir_online(id, &path) {
+            Err(_) if !self.online() => self.offline_dir_list(id, &path),
+            r => r,
+        }
     }
 
     /// Reads directory `id` at `path` from the source for an open directory handle.
@@ -156,6 +151,19 @@ impl CachingFs {
             }
             Err(_) => Ok(list),
         }
+    }
+
+    /// What a READDIR of directory `id` at `offset` serves: from handle `fh`'s listing,
+    /// or with handle 0 (a kernel open) from the listing the offset names.
+    pub fn listing(&self, id: u64, fh: u64, offset: u64) -> Result<Listing> {
+        if fh == 0 {
+            return self.kernel_listing(id, offset);
+        }
+        Ok(Listing {
+            list: self.dir_entries(fh, offset)?,
+            start: offset as usize,
+            cookie: 0,
+        })
     }
 
     pub fn releasedir(&self, fh: u64) {

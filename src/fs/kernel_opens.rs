@@ -12,14 +12,35 @@
 //! A file whose last name the mount removes while the kernel still knows it may be open:
 //! a handle is opened on it before the removal and kept until the kernel forgets the
 //! node, so descriptors open on it read and write on, as on a local disk.
+//!
+//! Directories are opened by the kernel too (OPENDIR answered `ENOSYS`), which then keeps
+//! their listings (`FOPEN_CACHE_DIR`) and asks again from offset 0 once a notice, a change
+//! through the mount or, with `FUSE_AUTO_INVAL_DATA`, a new mtime makes them stale. A
+//! listing read in several requests continues in the listing it began in: its offsets
+//! carry the listing's number.
 
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use fuser::{BackingId, Errno};
 
-use super::{CachingFs, Inode, Result};
+use super::{CachingFs, DirList, Inode, Listing, Result};
+
+/// Listings kept for directories the kernel reads in several requests.
+const LISTINGS_KEPT: usize = 64;
+
+/// The state `--kernel-opens` needs.
+#[derive(Default)]
+pub(super) struct KernelOpens {
+    /// Handles kept for removed files, by node, until the kernel forgets them.
+    kept: Mutex<HashMap<u64, u64>>,
+    /// Listings begun lately (offset 0), newest first, by number.
+    listings: Mutex<VecDeque<(u64, Arc<DirList>)>>,
+    next_listing: AtomicU64,
+}
 
 /// Handles opened for one request pass no file to the kernel.
 fn no_backing(_: &File) -> io::Result<BackingId> {
@@ -40,8 +61,8 @@ impl CachingFs {
         flags: i32,
         op: impl FnOnce(u64) -> Result<T>,
     ) -> Result<T> {
-        let kept = self.kernel_opens.as_ref().ok_or(Errno::EBADF)?;
-        let kept_fh = kept.lock().unwrap().get(&id).copied();
+        let ko = self.kernel_opens.as_ref().ok_or(Errno::EBADF)?;
+        let kept_fh = ko.kept.lock().unwrap().get(&id).copied();
         if let Some(fh) = kept_fh {
             return op(fh);
         }
@@ -71,9 +92,10 @@ impl CachingFs {
     /// Before the mount removes a name of `inode` (unlink, rename over it): if the kernel
     /// knows the node, a handle is kept open on it until the kernel forgets it.
     pub(super) fn keep_open_while_known(&self, inode: &Arc<Inode>) {
-        let Some(kept) = &self.kernel_opens else {
+        let Some(ko) = &self.kernel_opens else {
             return;
         };
+        let kept = &ko.kept;
         if inode.file_type != libc::S_IFREG
             || !self.inodes.is_referenced(inode.id)
             || kept.lock().unwrap().contains_key(&inode.id)
@@ -98,15 +120,49 @@ impl CachingFs {
     /// The kernel dropped references to node `id`: when none is left, so goes the handle
     /// kept for it.
     pub(super) fn forget_kept_handle(&self, id: u64) {
-        let Some(kept) = &self.kernel_opens else {
+        let Some(ko) = &self.kernel_opens else {
             return;
         };
         if self.inodes.is_referenced(id) {
             return;
         }
-        let fh = kept.lock().unwrap().remove(&id);
+        let fh = ko.kept.lock().unwrap().remove(&id);
         if let Some(fh) = fh {
             let _ = self.release(fh);
         }
+    }
+
+    /// What a READDIR with no handle serves: a new listing at offset 0; further on, the
+    /// rest of the listing the offset names. (A listing no longer kept, after
+    /// `LISTINGS_KEPT` others began meanwhile, is read anew and served from the same
+    /// index.)
+    pub(super) fn kernel_listing(&self, id: u64, offset: u64) -> Result<Listing> {
+        let ko = self.kernel_opens.as_ref().ok_or(Errno::EBADF)?;
+        let (number, start) = (offset >> 32, (offset & 0xffff_ffff) as usize);
+        if offset != 0 {
+            let listings = ko.listings.lock().unwrap();
+            if let Some((_, list)) = listings
+                .iter()
+                .find(|(n, l)| *n == number && l.dir_id == id)
+            {
+                let list = list.clone();
+                return Ok(Listing {
+                    list,
+                    start,
+                    cookie: number << 32,
+                });
+            }
+        }
+        let list = Arc::new(self.list_dir(id)?);
+        // Nonzero, and below 2^31 so that offsets stay positive as the kernel's `loff_t`.
+        let number = ko.next_listing.fetch_add(1, Ordering::Relaxed) % ((1 << 31) - 1) + 1;
+        let mut listings = ko.listings.lock().unwrap();
+        listings.push_front((number, list.clone()));
+        listings.truncate(LISTINGS_KEPT);
+        Ok(Listing {
+            list,
+            start,
+            cookie: number << 32,
+        })
     }
 }
