@@ -27,13 +27,16 @@ fn grown(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<Strin
 
 #[test]
 fn warm_reads_and_closes_reach_the_daemon_not_at_all() {
-    let t = TestMount::new(&["--kernel-opens"]);
+    // Written before the mount: the watcher's notices of writes made while mounted would
+    // drop pages the test counts on.
+    let mut t = TestMount::unmounted_at("mnt", &["--kernel-opens"]);
     let files: Vec<(String, Vec<u8>)> = (0..20)
         .map(|i| (format!("f{i:02}"), pattern(1000 + i * 5000, i as u64)))
         .collect();
     for (name, data) in &files {
         fs::write(t.s(name), data).unwrap();
     }
+    t.mount();
     let read_all = || {
         for (name, data) in &files {
             assert_eq!(&fs::read(t.m(name)).unwrap(), data, "{name}");
@@ -244,12 +247,14 @@ fn names(dir: &std::path::Path) -> Vec<String> {
 /// watcher's delay, and a directory too large for one request lists whole.
 #[test]
 fn listings_are_kept_and_follow_changes() {
-    let t = TestMount::new(&["--kernel-opens"]);
+    // Made before the mount, as in `warm_reads_…`.
+    let mut t = TestMount::unmounted_at("mnt", &["--kernel-opens"]);
     fs::create_dir(t.s("d")).unwrap();
     let mut expect: Vec<String> = (0..3000).map(|i| format!("n{i:04}")).collect();
     for n in &expect {
         fs::write(t.s(&format!("d/{n}")), b"").unwrap();
     }
+    t.mount();
     assert_eq!(names(&t.m("d")), expect);
     let before = requests(&t);
     assert_eq!(names(&t.m("d")), expect);
