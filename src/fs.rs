@@ -107,10 +107,11 @@ pub use entry::FileState;
 use entry::{Env, OpenKind};
 
 /// A node of this file system: the inode table's entry, holding a regular file's cache
-/// state while it is open.
-pub type Inode = crate::inode::Inode<FileState>;
+/// state while it is open. Boxed: few entries have one loaded, and an entry's size is the
+/// table's memory (928 bytes an entry with the state inline, 200 boxed).
+pub type Inode = crate::inode::Inode<Box<FileState>>;
 /// The inode table of this file system (`inode.rs`).
-pub type InodeTable = crate::inode::InodeTable<FileState>;
+pub type InodeTable = crate::inode::InodeTable<Box<FileState>>;
 /// The fetch workers' queue, whose jobs name this file system's nodes (`fetch_pool.rs`).
 pub type Fetcher = crate::fetch_pool::Fetcher<Inode>;
 

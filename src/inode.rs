@@ -147,7 +147,8 @@ pub struct Inode<F> {
     /// A look at the source file that stands until the watcher breaks it
     /// (`coherence::Callback`), and the breaks so far: a look taken before a break is
     /// never installed after it (`grant_callback`).
-    callback: Mutex<Option<Callback>>,
+    /// Boxed, as most entries never hold one (an entry's size is the table's memory).
+    callback: Mutex<Option<Box<Callback>>>,
     breaks: AtomicU64,
 }
 
@@ -211,7 +212,7 @@ impl<F> Inode<F> {
     /// The callback the file holds, if any (whether it still stands is the watcher's to
     /// say: `Coherence::callback_holds`).
     pub fn callback(&self) -> Option<Callback> {
-        self.callback.lock().unwrap().clone()
+        self.callback.lock().unwrap().as_deref().cloned()
     }
 
     /// The breaks so far: taken before a look at the source that may become a callback.
@@ -226,7 +227,7 @@ impl<F> Inode<F> {
         if self.breaks.load(Ordering::SeqCst) != breaks {
             return false;
         }
-        *slot = Some(cb);
+        *slot = Some(Box::new(cb));
         true
     }
 
@@ -388,6 +389,8 @@ struct Counters {
     peak: u64,
     /// `frees` when memory was last handed back to the system.
     frees_at_trim: u64,
+    /// `frees` at the previous `maintain`.
+    frees_at_maintain: u64,
 }
 
 #[derive(Debug)]

@@ -521,7 +521,7 @@ impl CachingFs {
     }
 
     /// Drops the cache state of a file nobody has open and nothing fetches for.
-    pub(super) fn unload_if_idle(&self, inode: &Inode, guard: &mut Option<FileState>) {
+    pub(super) fn unload_if_idle(&self, inode: &Inode, guard: &mut Option<Box<FileState>>) {
         let Some(state) = guard.as_mut() else {
             return;
         };

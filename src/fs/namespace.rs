@@ -241,7 +241,7 @@ impl CachingFs {
     fn hold_uploads<'a>(
         &self,
         inode: Option<&'a Inode>,
-    ) -> Option<MutexGuard<'a, Option<FileState>>> {
+    ) -> Option<MutexGuard<'a, Option<Box<FileState>>>> {
         inode
             .filter(|_| !self.caps().in_place_writes)
             .map(|i| i.file())

@@ -165,7 +165,7 @@ impl CachingFs {
                 });
                 self.reset(old, &st, Some(&path));
             } else {
-                *guard = Some(state);
+                *guard = Some(Box::new(state));
                 self.loaded.lock().unwrap().insert(inode.id, inode.clone());
             }
         }
@@ -189,7 +189,7 @@ impl CachingFs {
         let mut guard = inode.file();
         if guard.is_none() {
             let (state, _) = self.load_state(inode, path, &mut { *st }, false);
-            *guard = Some(state);
+            *guard = Some(Box::new(state));
         }
         let state = guard.as_mut().unwrap();
         if let Err(e) = self.object_prepare_write(state, path, flags) {
@@ -305,7 +305,7 @@ impl CachingFs {
         let opened_here = guard.is_none();
         if opened_here {
             let (state, _) = self.load_state(inode, path, &mut { *st }, false);
-            *guard = Some(state);
+            *guard = Some(Box::new(state));
         }
         let state = guard.as_mut().unwrap();
         let r = (|| {

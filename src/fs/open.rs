@@ -92,7 +92,7 @@ impl CachingFs {
             if guard.is_none() {
                 let (mut state, _) = self.load_state(&inode, &path, &mut st, true);
                 state.path_fd = path_fd;
-                *guard = Some(state);
+                *guard = Some(Box::new(state));
             }
             let state = guard.as_mut().unwrap();
             state.opened(OpenKind::Daemon {
@@ -176,7 +176,7 @@ impl CachingFs {
             }
             let mut guard = inode.file();
             if guard.is_none() {
-                *guard = Some(self.offline_state(&inode, &path));
+                *guard = Some(Box::new(self.offline_state(&inode, &path)));
             }
             self.finish_open(&inode, guard, false, None, true, make_backing)
         };
@@ -341,7 +341,7 @@ impl CachingFs {
                 if reset {
                     inode.content_changed();
                 }
-                *guard = Some(state);
+                *guard = Some(Box::new(state));
             }
             Some(state) => {
                 // Loaded by the directory prefetch, which keeps no `O_PATH` descriptor.
@@ -411,7 +411,7 @@ impl CachingFs {
                 guard = inode.file();
                 if guard.is_none() {
                     let (state, _) = self.load_state(&inode, &path, &mut st, false);
-                    *guard = Some(state);
+                    *guard = Some(Box::new(state));
                 }
             }
         }
@@ -498,7 +498,7 @@ impl CachingFs {
     fn finish_open(
         &self,
         inode: &Arc<Inode>,
-        mut guard: crate::sync::MutexGuard<'_, Option<FileState>>,
+        mut guard: crate::sync::MutexGuard<'_, Option<Box<FileState>>>,
         writable: bool,
         source: Option<SourceFile>,
         keep_cache: bool,
@@ -571,7 +571,7 @@ impl CachingFs {
     }
 
     /// Drops a state that no handle uses (after a failed open).
-    pub(super) fn release_if_unused(&self, inode: &Inode, guard: &mut Option<FileState>) {
+    pub(super) fn release_if_unused(&self, inode: &Inode, guard: &mut Option<Box<FileState>>) {
         self.unload_if_idle(inode, guard);
     }
 }

@@ -15,7 +15,7 @@ use crate::stats::Stats;
 
 impl CachingFs {
     /// Drops the cache state of a file nobody has open any more.
-    pub(super) fn unload(&self, inode: &Inode, guard: &mut Option<FileState>) {
+    pub(super) fn unload(&self, inode: &Inode, guard: &mut Option<Box<FileState>>) {
         if let Some(state) = guard.as_ref() {
             state.fetch.kill();
         }

@@ -186,8 +186,15 @@ impl<F> InodeTable<F> {
         let inner = &mut *guard;
         inner.trim(now, MAX_PER_CALL);
         inner.compact_index();
-        if inner.n.frees >= inner.n.frees_at_trim + MALLOC_TRIM_FREES {
-            inner.n.frees_at_trim = inner.n.frees;
+        // Every 64Ki frees during a mass free, and once it is over (no free since the
+        // previous call): what the last ones freed would stay with the allocator else.
+        let frees = inner.n.frees;
+        let quiet = frees == inner.n.frees_at_maintain;
+        inner.n.frees_at_maintain = frees;
+        if frees >= inner.n.frees_at_trim + MALLOC_TRIM_FREES
+            || (quiet && frees > inner.n.frees_at_trim)
+        {
+            inner.n.frees_at_trim = frees;
             drop(guard);
             // Entries are small allocations that the allocator keeps after a mass free
             // (drop_caches after a walk): give them back, off the table lock.

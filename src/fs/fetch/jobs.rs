@@ -84,7 +84,7 @@ impl CachingFs {
             return;
         }
         let (state, _) = self.load_state(&inode, &job.path, &mut st, false);
-        let state = guard.insert(state);
+        let state = guard.insert(Box::new(state));
         if state.files().is_none() || state.record().is_complete() {
             return self.unload_if_idle(&inode, &mut guard);
         }

@@ -115,7 +115,7 @@ impl CachingFs {
         let mut guard = inode.file();
         let opened_here = guard.is_none();
         if opened_here {
-            *guard = Some(self.offline_state(inode, path));
+            *guard = Some(Box::new(self.offline_state(inode, path)));
         }
         let state = guard.as_mut().unwrap();
         let r = (|| {

@@ -34,7 +34,7 @@ impl CachingFs {
         }
         let mut guard = inode.file();
         if guard.is_none() {
-            *guard = Some(self.offline_state(inode, path));
+            *guard = Some(Box::new(self.offline_state(inode, path)));
         }
         let state = guard.as_mut().unwrap();
         let truncate = flags & libc::O_TRUNC != 0;
@@ -210,7 +210,7 @@ impl CachingFs {
             writes_source: false,
         });
         let inode = self.inodes.lookup(parent, &path, &st);
-        *inode.file() = Some(state);
+        *inode.file() = Some(Box::new(state));
         self.loaded.lock().unwrap().insert(inode.id, inode.clone());
         let opened = self.logged_handle(&inode);
         Ok((attr_of(inode.id, &st), opened))
