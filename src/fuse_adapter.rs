@@ -397,13 +397,8 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let call = self.call(Op::Read, req);
-        let r = if fh.0 == 0 {
-            let flags = libc::O_RDONLY | (flags.0 & !libc::O_ACCMODE);
-            (self.fs).with_request_handle(ino.0, flags, |fh| self.fs.read(fh, offset, size))
-        } else {
-            self.fs.read(fh.0, offset, size)
-        };
-        match r {
+        let flags = libc::O_RDONLY | (flags.0 & !libc::O_ACCMODE);
+        match (self.fs).on_handle(ino.0, fh.0, flags, |fh| self.fs.read(fh, offset, size)) {
             Ok(v) => reply.data(&v),
             Err(e) => reply.error(call.fail(e)),
         }
@@ -423,13 +418,10 @@ impl Filesystem for FuseAdapter {
     ) {
         let call = self.call(Op::Write, req);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let r = if fh.0 == 0 {
-            let flags = libc::O_WRONLY | (flags.0 & !libc::O_ACCMODE);
-            (self.fs).with_request_handle(ino.0, flags, |fh| self.fs.write(fh, offset, data, kill))
-        } else {
-            self.fs.write(fh.0, offset, data, kill)
-        };
-        match r {
+        let flags = libc::O_WRONLY | (flags.0 & !libc::O_ACCMODE);
+        match (self.fs).on_handle(ino.0, fh.0, flags, |fh| {
+            self.fs.write(fh, offset, data, kill)
+        }) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(call.fail(e)),
         }
@@ -478,11 +470,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let call = self.call(Op::Fsync, req);
-        let r = if fh.0 == 0 {
-            (self.fs).with_request_handle_rw(ino.0, |fh| self.fs.fsync(fh, datasync))
-        } else {
-            self.fs.fsync(fh.0, datasync)
-        };
+        let r = (self.fs).on_handle_rw(ino.0, fh.0, |fh| self.fs.fsync(fh, datasync));
         Self::empty(&call, reply, r);
     }
 
@@ -741,12 +729,9 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let call = self.call(Op::Fallocate, req);
-        let r = if fh.0 == 0 {
-            (self.fs)
-                .with_request_handle_rw(ino.0, |fh| self.fs.fallocate(fh, offset, length, mode))
-        } else {
-            self.fs.fallocate(fh.0, offset, length, mode)
-        };
+        let r = (self.fs).on_handle_rw(ino.0, fh.0, |fh| {
+            self.fs.fallocate(fh, offset, length, mode)
+        });
         Self::empty(&call, reply, r);
     }
 
@@ -760,14 +745,9 @@ impl Filesystem for FuseAdapter {
         reply: ReplyLseek,
     ) {
         let call = self.call(Op::Lseek, req);
-        let r = if fh.0 == 0 {
-            (self.fs).with_request_handle(ino.0, libc::O_RDONLY, |fh| {
-                self.fs.lseek(fh, offset, whence)
-            })
-        } else {
-            self.fs.lseek(fh.0, offset, whence)
-        };
-        match r {
+        match (self.fs).on_handle(ino.0, fh.0, libc::O_RDONLY, |fh| {
+            self.fs.lseek(fh, offset, whence)
+        }) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(call.fail(e)),
         }

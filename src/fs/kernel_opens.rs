@@ -52,10 +52,39 @@ impl CachingFs {
         self.kernel_opens.is_some()
     }
 
+    /// Runs `op` on handle `fh` of node `id`; for handle 0 (a kernel open), on one opened
+    /// with `flags` for this request (`with_request_handle`).
+    pub fn on_handle<T>(
+        &self,
+        id: u64,
+        fh: u64,
+        flags: i32,
+        op: impl FnOnce(u64) -> Result<T>,
+    ) -> Result<T> {
+        if fh != 0 {
+            return op(fh);
+        }
+        self.with_request_handle(id, flags, op)
+    }
+
+    /// As `on_handle`, for a request that may write but comes on files opened read-only
+    /// too (fsync, fallocate): handle 0 gets one open for writing if the file allows it.
+    pub fn on_handle_rw<T>(&self, id: u64, fh: u64, op: impl Fn(u64) -> Result<T>) -> Result<T> {
+        if fh != 0 {
+            return op(fh);
+        }
+        match self.with_request_handle(id, libc::O_WRONLY, &op) {
+            Err(e) if e == Errno::EACCES || e == Errno::EROFS || e == Errno::EPERM => {
+                self.with_request_handle(id, libc::O_RDONLY, &op)
+            }
+            r => r,
+        }
+    }
+
     /// Runs `op` with a handle for a request on node `id` that came with none, opened with
     /// `flags` (an access mode and the caller's sync flags): the handle kept for a removed
     /// file, or one opened for this request and released after it.
-    pub fn with_request_handle<T>(
+    fn with_request_handle<T>(
         &self,
         id: u64,
         flags: i32,
@@ -76,17 +105,6 @@ impl CachingFs {
             tracing::debug!(id, "release of a request's handle: {e:?}");
         }
         r
-    }
-
-    /// As `with_request_handle`, for a write where the file may allow no writing
-    /// (fsync, fallocate of a file opened read-only): open for writing if possible.
-    pub fn with_request_handle_rw<T>(&self, id: u64, op: impl Fn(u64) -> Result<T>) -> Result<T> {
-        match self.with_request_handle(id, libc::O_WRONLY, &op) {
-            Err(e) if e == Errno::EACCES || e == Errno::EROFS || e == Errno::EPERM => {
-                self.with_request_handle(id, libc::O_RDONLY, &op)
-            }
-            r => r,
-        }
     }
 
     /// Before the mount removes a name of `inode` (unlink, rename over it): if the kernel
@@ -123,7 +141,9 @@ impl CachingFs {
         let Some(ko) = &self.kernel_opens else {
             return;
         };
-        if self.inodes.is_referenced(id) {
+        // The kept map first: most forgotten nodes have no kept handle, and the table's
+        // lock is the busier one.
+        if !ko.kept.lock().unwrap().contains_key(&id) || self.inodes.is_referenced(id) {
             return;
         }
         let fh = ko.kept.lock().unwrap().remove(&id);
