@@ -646,6 +646,21 @@ impl CachingFs {
 
     /// Removes whatever the cache holds for `rel` (`CacheStore::remove`), counting what
     /// that frees.
+    /// `uncache`, done off the caller's path (`cache/removals.rs`): for names gone from
+    /// the source.
+    fn uncache_later(&self, rel: &Path) {
+        let usage = self.usage.clone();
+        self.cache.remove_entry_later(
+            rel,
+            Box::new(move |removed| {
+                usage.sub(removed.data_bytes);
+                if removed.record {
+                    usage.file_removed();
+                }
+            }),
+        );
+    }
+
     fn uncache(&self, rel: &Path) -> io::Result<()> {
         let removed = self.cache.remove_entry(rel)?;
         self.usage.sub(removed.data_bytes);

@@ -59,6 +59,9 @@ pub fn mount(cfg: Config) -> anyhow::Result<()> {
     } else {
         Some(daemonize()?)
     };
+    // Its threads start in the process that serves: they would not survive the fork.
+    let mut store = store;
+    store.start_workers();
     let result = serve(cfg.clone(), store, &mut ready);
     if let (Err(e), Some(ready)) = (&result, ready) {
         let _ = write!(std::fs::File::from(ready), "{e:#}");

@@ -52,7 +52,8 @@ fn core(dirs: &Dirs, chunk_size: u64, whole_file_threshold: u64) -> CachingFs {
     cfg.chunk_size = chunk_size;
     cfg.whole_file_threshold = whole_file_threshold;
     cfg.check_values().expect("a valid configuration");
-    let store = CacheStore::open(&cfg.cache_dir).expect("the cache directory");
+    let mut store = CacheStore::open(&cfg.cache_dir).expect("the cache directory");
+    store.start_workers();
     let source = hoardfs::health::open_source(&cfg, &store).expect("the source");
     CachingFs::new(cfg, store, source).expect("the core")
 }

@@ -824,7 +824,8 @@ fn core(base: &Path) -> CachingFs {
     // nearly full test machine.
     cfg.min_free = Some(64 << 20);
     cfg.check_values().expect("a valid configuration");
-    let store = CacheStore::open(&cfg.cache_dir).expect("the cache directory");
+    let mut store = CacheStore::open(&cfg.cache_dir).expect("the cache directory");
+    store.start_workers();
     let source = hoardfs::health::open_source(&cfg, &store).expect("the source");
     CachingFs::new(cfg, store, source).expect("the core")
 }

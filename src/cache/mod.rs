@@ -20,6 +20,7 @@
 pub mod listing;
 pub mod reaper;
 pub mod record;
+pub mod removals;
 pub mod source_info;
 pub mod store;
 

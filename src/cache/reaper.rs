@@ -11,12 +11,18 @@ use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 /// Descriptors waiting beyond this many are closed by the caller itself.
 const BACKLOG: usize = 4096;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Reaper {
     tx: Option<SyncSender<OwnedFd>>,
 }
 
 impl Reaper {
+    /// A reaper without a thread: descriptors are closed at once. For a store opened
+    /// before the daemon forks (`CacheStore::start_workers`).
+    pub fn inline() -> Reaper {
+        Reaper { tx: None }
+    }
+
     /// Starts the closing thread; it ends when the reaper is dropped. Without a thread
     /// (it could not start) descriptors are closed at once.
     pub fn start() -> Reaper {

@@ -5,18 +5,20 @@
 //! regular file of its own with one link; anything else under its name is replaced, never
 //! written through (docs/security.md, C1-C5).
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::OFlags;
 
 use super::listing::{self, DirListing};
+use super::reaper::Reaper;
 use super::record::{CacheRecord, DataIdentity};
+pub use super::removals::remove_tree;
+use super::removals::{Removals, Report, Scope, remove_entry, remove_now};
 use crate::source::{BeneathRoot, Stat, cvt, fstat};
 
 const FORMAT_LINE: &str = "hoardfs cache 1\n";
@@ -37,10 +39,13 @@ pub struct CacheStore {
     /// at start (what a crash left there belongs to nothing).
     tmp: BeneathRoot,
     root: PathBuf,
-    /// Held for the life of the store: one daemon per cache directory.
-    _lock: File,
     /// Frees removed cache files' inodes off the caller's path.
     reaper: super::reaper::Reaper,
+    /// Entries of names removed through the mount, removed off the request's path. Before
+    /// `_lock`: dropping it finishes the queue while the cache is still ours.
+    removals: Removals,
+    /// Held for the life of the store: one daemon per cache directory.
+    _lock: File,
 }
 
 /// What a removed cache entry held (`CacheStore::remove_entry`).
@@ -165,16 +170,29 @@ impl CacheStore {
         for e in tmp.read_dir(Path::new(""))? {
             remove_tree(&tmp, Path::new(&e.name))?;
         }
+        let data = Arc::new(sub("data")?);
+        let meta = Arc::new(sub("meta")?);
+        let reaper = Reaper::inline();
+        let removals = Removals::inline(remove_now(&meta, &data, &reaper));
         Ok(CacheStore {
-            data: Arc::new(sub("data")?),
-            meta: Arc::new(sub("meta")?),
+            data,
+            meta,
             dirs: sub("dirs")?,
             tmp,
             top: Arc::new(top),
             root: root.to_path_buf(),
+            reaper,
+            removals,
             _lock: lock,
-            reaper: super::reaper::Reaper::start(),
         })
+    }
+
+    /// Starts the threads that take work off the request path (the reaper, the queue of
+    /// removals). Called in the process that serves the mount: a store opened before the
+    /// daemon forks works without them until then, since threads do not survive a fork.
+    pub fn start_workers(&mut self) {
+        self.reaper = Reaper::start();
+        self.removals = Removals::start(remove_now(&self.meta, &self.data, &self.reaper));
     }
 
     /// The cache root, for entries beside the trees (`source.json`, `pins`, `oplog/`, ...).
@@ -182,7 +200,8 @@ impl CacheStore {
         &self.top
     }
 
-    /// The record and data trees, for the cleaner.
+    /// The record and data trees, for the cleaner. They may still hold entries whose
+    /// removal is queued; the cleaner evicts through the store, which settles them.
     pub fn trees(&self) -> Trees {
         Trees {
             meta: self.meta.clone(),
@@ -225,6 +244,7 @@ impl CacheStore {
     /// link (a directory, symlink, device, or a hard link to a file elsewhere) is replaced,
     /// never written through.
     pub fn open_files(&self, rel: &Path) -> io::Result<CacheFiles> {
+        self.removals.settle(rel, Scope::Entry);
         // The directories are nearly always there: the file is opened first, and they are
         // made (or repaired: a planted file or symlink in their place) only when that
         // fails for want of them.
@@ -257,6 +277,7 @@ impl CacheStore {
     /// always leads to one whole file. The caller must write a record for the new file
     /// afterwards: the old record's data identity no longer matches (crash rule 4).
     pub fn replace_data(&self, rel: &Path, len: u64) -> io::Result<File> {
+        self.removals.settle(rel, Scope::Entry);
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         if let Some(parent) = rel.parent() {
             mkdir_p(&self.data, parent)?;
@@ -288,6 +309,7 @@ impl CacheStore {
     /// Opens the data file and record of `rel` if both exist and are hoardfs's own (never
     /// creates anything; a planted link or special file counts as absent).
     pub fn open_existing(&self, rel: &Path) -> Option<CacheFiles> {
+        self.removals.settle(rel, Scope::Entry);
         let open = |tree: &BeneathRoot| {
             let fd = tree.openat(rel, OFlags::RDWR | OFlags::NONBLOCK, 0).ok()?;
             let st = fstat(fd.as_fd()).ok()?;
@@ -332,37 +354,19 @@ impl CacheStore {
     /// removed whole) and says what it held. The files' inodes are freed by the reaper,
     /// which closes the descriptors held across their unlinks.
     pub fn remove_entry(&self, rel: &Path) -> io::Result<Removed> {
-        let mut removed = Removed::default();
-        for (tree, is_meta) in [(&self.meta, true), (&self.data, false)] {
-            let (dir, name) = match tree.parent(rel) {
-                Ok(x) => x,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-            let held = match rustix::fs::openat(&dir, name.as_c_str(), flags, Mode::empty()) {
-                Ok(fd) => fd,
-                Err(rustix::io::Errno::NOENT) => continue,
-                Err(e) => return Err(io::Error::from_raw_os_error(e.raw_os_error())),
-            };
-            let st = fstat(held.as_fd())?;
-            remove_at(&dir, &name)?;
-            if is_meta {
-                removed.record = st.mode & libc::S_IFMT == libc::S_IFREG;
-            } else {
-                removed.data_bytes = st.blocks * 512;
-            }
-            if st.mode & libc::S_IFMT == libc::S_IFREG && st.nlink <= 1 {
-                self.reaper.close_later(held);
-            }
-        }
-        Ok(removed)
+        self.removals.settle(rel, Scope::Subtree);
+        remove_entry(&self.trees(), &self.reaper, rel)
+    }
+
+    /// Removes the cache entry of `rel` as `remove_entry` does, but off the caller's path
+    /// (`removals.rs`): every operation of the store on that name waits for it.
+    pub fn remove_entry_later(&self, rel: &Path, report: Report) {
+        self.removals.remove_later(rel, report);
     }
 
     /// Removes whatever the cache holds for `rel` (file or directory subtree).
     pub fn remove(&self, rel: &Path) -> io::Result<()> {
+        self.removals.settle(rel, Scope::Subtree);
         remove_tree(&self.meta, rel)?;
         remove_tree(&self.data, rel)
     }
@@ -370,6 +374,8 @@ impl CacheStore {
     /// Mirrors a rename of the source. On any failure both names are dropped from the cache,
     /// which is always safe.
     pub fn rename(&self, from: &Path, to: &Path, flags: u32) {
+        self.removals.settle(from, Scope::Subtree);
+        self.removals.settle(to, Scope::Subtree);
         // rename moves the data file's ctime: records that vouched for their data before
         // the rename are rewritten to vouch for it after.
         let valid_before = |rel: &Path| {
@@ -418,6 +424,7 @@ impl CacheStore {
 
     /// Bytes the data file of `rel` occupies on disk.
     pub fn data_bytes(&self, rel: &Path) -> u64 {
+        self.removals.settle(rel, Scope::Entry);
         self.data.stat(rel).map(|st| st.blocks * 512).unwrap_or(0)
     }
 }
@@ -740,57 +747,6 @@ fn mkdir_up(tree: &BeneathRoot, rel: &Path) -> io::Result<bool> {
             }
         }
         r => made(r),
-    }
-}
-
-/// Removes `rel` beneath `tree`, recursively for directories, never following symlinks.
-/// A missing entry is not an error.
-pub fn remove_tree(tree: &BeneathRoot, rel: &Path) -> io::Result<()> {
-    let (dir, name) = match tree.parent(rel) {
-        Ok(x) => x,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    remove_at(&dir, &name)
-}
-
-fn remove_at(dir: &OwnedFd, name: &CString) -> io::Result<()> {
-    let r = unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) };
-    if r == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::ENOENT) => Ok(()),
-        Some(libc::EISDIR) => {
-            let fd = unsafe {
-                libc::openat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            };
-            let sub = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cvt(fd)?) };
-            let names: Vec<CString> = {
-                let mut d = rustix::fs::Dir::read_from(sub.as_fd())
-                    .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))?;
-                let mut v = Vec::new();
-                while let Some(ent) = d.read() {
-                    let ent = ent.map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))?;
-                    let n = ent.file_name();
-                    if n.to_bytes() != b"." && n.to_bytes() != b".." {
-                        v.push(n.to_owned());
-                    }
-                }
-                v
-            };
-            for n in &names {
-                remove_at(&sub, n)?;
-            }
-            cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })?;
-            Ok(())
-        }
-        _ => Err(err),
     }
 }
 

@@ -117,10 +117,9 @@ impl CachingFs {
             match now {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     // Gone from the source: so is its cached copy (an open file keeps its
-                    // cache files through its descriptors).
-                    if let Err(e) = self.uncache(path) {
-                        tracing::debug!(?path, "cannot drop cache entry: {e}");
-                    }
+                    // cache files through its descriptors). Queued, as the mount's own
+                    // unlinks are: most such events are theirs, already queued.
+                    self.uncache_later(path);
                 }
                 Err(_) => {}
                 Ok(st) => {

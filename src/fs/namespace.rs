@@ -224,9 +224,7 @@ impl CachingFs {
                 state.unlinked = Some(Stat { nlink: 0, ..before });
             }
         }
-        if let Err(e) = self.uncache(&path) {
-            tracing::warn!(?path, "cannot drop cache entry: {e}");
-        }
+        self.uncache_later(&path);
         Ok(())
     }
 
@@ -259,9 +257,7 @@ impl CachingFs {
         if let Some(inode) = before.and_then(|st| self.inodes.find(&path, &st)) {
             inode.remove_name(&path);
         }
-        if let Err(e) = self.uncache(&path) {
-            tracing::warn!(?path, "cannot drop cache entry: {e}");
-        }
+        self.uncache_later(&path);
         Ok(())
     }
 
