@@ -29,7 +29,10 @@ impl Reaper {
         let (tx, rx) = sync_channel::<OwnedFd>(BACKLOG);
         let started = std::thread::Builder::new()
             .name("reaper".into())
-            .spawn(move || rx.into_iter().for_each(drop));
+            .spawn(move || {
+                background_priority();
+                rx.into_iter().for_each(drop)
+            });
         Reaper {
             tx: started.is_ok().then_some(tx),
         }
@@ -43,6 +46,18 @@ impl Reaper {
                 Err(TrySendError::Full(fd) | TrySendError::Disconnected(fd)) => drop(fd),
             }
         }
+    }
+}
+
+/// Lowers the calling thread's priority to nice 19. The cache's housekeeping (freeing
+/// removed files, removing entries) then takes the CPU left over by the requests, which
+/// wait on it: `rm -rf` of 10,664 files took 0.3-0.6 s (about 10 %) less in five of five
+/// pairs of runs on this 2-CPU machine. Its queues are bounded, and callers do the work
+/// themselves past the bound, so it cannot fall behind without limit.
+pub(super) fn background_priority() {
+    let me = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(me), 19) {
+        tracing::debug!("cannot lower a housekeeping thread's priority: {e}");
     }
 }
 

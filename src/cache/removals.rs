@@ -191,6 +191,7 @@ fn remove_queued(shared: &Shared, q: &mut MutexGuard<'_, Queue>, path: &Path) {
 }
 
 fn work(shared: &Shared) {
+    super::reaper::background_priority();
     let mut q = shared.queue.lock().unwrap();
     loop {
         let Some(path) = q.order.pop_front() else {
