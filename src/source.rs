@@ -514,16 +514,10 @@ impl BeneathRoot {
                 attr.mtime.map(TimeSpec::to_libc).unwrap_or(omit),
             ];
             if flags == libc::AT_EMPTY_PATH {
-                // utimensat(fd, NULL, ...) is futimens, and works on O_PATH descriptors too.
-                cvt(unsafe {
-                    libc::syscall(
-                        libc::SYS_utimensat,
-                        at,
-                        std::ptr::null::<libc::c_char>(),
-                        times.as_ptr(),
-                        0,
-                    ) as i32
-                })?;
+                // futimens (utimensat with a null name) refuses `O_PATH` descriptors
+                // (EBADF); the fd's /proc link names the object for either kind.
+                let p = CString::new(format!("/proc/self/fd/{at}")).unwrap();
+                cvt(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), 0) })?;
             } else {
                 cvt(unsafe { libc::utimensat(at, name.as_ptr(), times.as_ptr(), flags) })?;
             }

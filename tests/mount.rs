@@ -845,6 +845,44 @@ fn a_name_unlinked_and_made_again_at_once_keeps_its_new_cache_entry() {
     }
 }
 
+/// A metadata change is of the kernel's node, that is of one file: it must reach that file
+/// even when its name was taken by another behind the mount (nothing watched here, so the
+/// mount still knows the node by the old name), and never the file that has the name now.
+#[test]
+fn metadata_changes_reach_the_nodes_file_not_the_one_that_took_its_name() {
+    let t = TestMount::new(&["--watch", "off"]);
+    for round in 0..20 {
+        fs::write(t.m("f"), b"first").unwrap();
+        let open = fs::File::open(t.m("f")).unwrap();
+        // Behind the mount: the file moves away, another takes its name.
+        fs::rename(t.s("f"), t.s("moved")).unwrap();
+        fs::write(t.s("f"), b"second").unwrap();
+        fs::set_permissions(t.s("f"), fs::Permissions::from_mode(0o644)).unwrap();
+        // fchmod and futimens of the open node.
+        open.set_permissions(fs::Permissions::from_mode(0o600))
+            .unwrap();
+        let when = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000 + round);
+        open.set_modified(when).unwrap();
+        let moved = fs::metadata(t.s("moved")).unwrap();
+        let other = fs::metadata(t.s("f")).unwrap();
+        assert_eq!(
+            moved.mode() & 0o7777,
+            0o600,
+            "round {round}: the node's file"
+        );
+        assert_eq!(moved.modified().unwrap(), when, "round {round}");
+        assert_eq!(
+            other.mode() & 0o7777,
+            0o644,
+            "round {round}: the other file changed"
+        );
+        assert_ne!(other.modified().unwrap(), when, "round {round}");
+        drop(open);
+        fs::remove_file(t.s("moved")).unwrap();
+        fs::remove_file(t.s("f")).unwrap();
+    }
+}
+
 #[test]
 fn open_unlinked_files_keep_working() {
     let t = TestMount::new(&["--chunk-size", "64K", "--whole-file-threshold", "64K"]);

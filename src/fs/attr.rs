@@ -172,8 +172,17 @@ impl CachingFs {
         let handle = fh.and_then(|fh| self.handle(fh).ok());
         // The caller's open file when it gave one: its name may be gone.
         let src_fd = handle.as_ref().and_then(|h| h.source.as_deref());
-        let stat_now = || match (src_fd, &path) {
-            (Some(f), _) => self.source.fstat(f.as_fd()),
+        // Else the file's own `O_PATH` descriptor while its state is loaded: the change is
+        // of this node's file, and its name is not resolved three times over (tar's
+        // chown, chmod and utimens after each file it writes, issue 22).
+        let own_fd = (src_fd.is_none() && self.stable_ino)
+            .then(|| inode.file().as_ref().and_then(|s| s.path_fd.clone()))
+            .flatten();
+        let object_fd = src_fd
+            .map(|f| f.as_fd())
+            .or(own_fd.as_deref().map(|f| f.as_fd()));
+        let stat_now = || match (object_fd, &path) {
+            (Some(f), _) => self.source.fstat(f),
             (None, Some(p)) => self.source.stat(p),
             (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
@@ -196,7 +205,7 @@ impl CachingFs {
         }
         let _changing = inode.own_change();
         self.source
-            .set_attr(path.as_deref(), src_fd.map(|f| f.as_fd()), &attr)
+            .set_attr(path.as_deref(), object_fd, &attr)
             .map_err(errno)?;
         let after = stat_now().map_err(errno)?;
         if let (true, Some(path)) = (after.is_file(), &path) {

@@ -74,8 +74,9 @@ pub struct FileState {
     /// In-flight chunks and the generation of the cached content (`crate::fetch`).
     pub(super) fetch: Arc<FileFetch>,
     /// An `O_PATH` descriptor of the source file (cheap: no open on the server), so that
-    /// `fstat` of an open file whose name is gone still answers.
-    pub(super) path_fd: Option<OwnedFd>,
+    /// `fstat` of an open file whose name is gone still answers, and metadata changes
+    /// reach the file without resolving its name (`setattr`).
+    pub(super) path_fd: Option<Arc<OwnedFd>>,
     daemon_opens: u32,
     passthrough_opens: u32,
     /// Handles open for writing to the source (counted in `daemon_opens` too). While any

@@ -91,7 +91,7 @@ impl CachingFs {
             let mut guard = inode.file();
             if guard.is_none() {
                 let (mut state, _) = self.load_state(&inode, &path, &mut st, true);
-                state.path_fd = path_fd;
+                state.path_fd = path_fd.map(Arc::new);
                 *guard = Some(Box::new(state));
             }
             let state = guard.as_mut().unwrap();
@@ -336,7 +336,7 @@ impl CachingFs {
         match guard.as_mut() {
             None => {
                 let (mut state, reset) = self.load_state(&inode, &path, &mut st, false);
-                state.path_fd = path_fd;
+                state.path_fd = path_fd.map(Arc::new);
                 keep_cache = !reset;
                 if reset {
                     inode.content_changed();
@@ -346,7 +346,7 @@ impl CachingFs {
             Some(state) => {
                 // Loaded by the directory prefetch, which keeps no `O_PATH` descriptor.
                 if state.path_fd.is_none() {
-                    state.path_fd = path_fd;
+                    state.path_fd = path_fd.map(Arc::new);
                 }
                 // Loaded but closed (waiting for its group commit, or for fetches): as at
                 // a load, the data file is first checked to be as hoardfs left it.
