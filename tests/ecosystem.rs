@@ -222,6 +222,19 @@ fn a_daemonized_mount_notifies_an_abstract_socket_with_its_own_pid() {
         .unwrap();
     assert!(Path::new(&format!("/proc/{pid}")).exists(), "{ready}");
     assert!(is_mounted(&mnt));
+    // The cache's housekeeping threads run in the daemon: threads started before its fork
+    // would not have survived it.
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect();
+    for want in ["reaper", "cache-removals"] {
+        assert!(
+            threads.iter().any(|t| t == want),
+            "no {want} in {threads:?}"
+        );
+    }
     assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
     recv_until(&sock, "STOPPING=1", 20);
     let deadline = Instant::now() + Duration::from_secs(20);
