@@ -232,6 +232,21 @@ pub fn may_mean_unreachable(e: &io::Error) -> bool {
     )
 }
 
+/// `getxattr` of the object that `fd` (an `O_PATH` one too) names, through its /proc link:
+/// `fgetxattr` refuses `O_PATH` descriptors.
+pub fn getxattr_of(fd: BorrowedFd<'_>, name: &OsStr, size: usize) -> io::Result<Vec<u8>> {
+    let name = cstr(name)?;
+    let p = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    let mut buf = vec![0u8; size];
+    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), size) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // With size 0 the call only reports the length: answer a buffer of that length.
+    buf.resize(n as usize, 0);
+    Ok(buf)
+}
+
 fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }

@@ -845,19 +845,55 @@ fn a_name_unlinked_and_made_again_at_once_keeps_its_new_cache_entry() {
     }
 }
 
-/// A metadata change is of the kernel's node, that is of one file: it must reach that file
+fn set_tag(path: &Path, value: &[u8]) {
+    let p = cpath(path);
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            c"user.tag".as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {path:?}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A metadata change or question is of the kernel's node, that is of one file: it must reach that file
 /// even when its name was taken by another behind the mount (nothing watched here, so the
 /// mount still knows the node by the old name), and never the file that has the name now.
 #[test]
-fn metadata_changes_reach_the_nodes_file_not_the_one_that_took_its_name() {
+fn metadata_requests_reach_the_nodes_file_not_the_one_that_took_its_name() {
     let t = TestMount::new(&["--watch", "off"]);
     for round in 0..20 {
         fs::write(t.m("f"), b"first").unwrap();
+        set_tag(&t.s("f"), b"node");
         let open = fs::File::open(t.m("f")).unwrap();
         // Behind the mount: the file moves away, another takes its name.
         fs::rename(t.s("f"), t.s("moved")).unwrap();
         fs::write(t.s("f"), b"second").unwrap();
         fs::set_permissions(t.s("f"), fs::Permissions::from_mode(0o644)).unwrap();
+        set_tag(&t.s("f"), b"other");
+        // fgetxattr of the open node.
+        let mut buf = [0u8; 16];
+        let n = unsafe {
+            libc::fgetxattr(
+                open.as_raw_fd(),
+                c"user.tag".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        assert_eq!(
+            &buf[..n.max(0) as usize],
+            b"node",
+            "round {round}: the node's xattr"
+        );
         // fchmod and futimens of the open node.
         open.set_permissions(fs::Permissions::from_mode(0o600))
             .unwrap();

@@ -172,12 +172,9 @@ impl CachingFs {
         let handle = fh.and_then(|fh| self.handle(fh).ok());
         // The caller's open file when it gave one: its name may be gone.
         let src_fd = handle.as_ref().and_then(|h| h.source.as_deref());
-        // Else the file's own `O_PATH` descriptor while its state is loaded: the change is
-        // of this node's file, and its name is not resolved three times over (tar's
+        // Else the file's own descriptor: its name is not resolved three times over (tar's
         // chown, chmod and utimens after each file it writes, issue 22).
-        let own_fd = (src_fd.is_none() && self.stable_ino)
-            .then(|| inode.file().as_ref().and_then(|s| s.path_fd.clone()))
-            .flatten();
+        let own_fd = src_fd.is_none().then(|| self.own_fd(&inode)).flatten();
         let object_fd = src_fd
             .map(|f| f.as_fd())
             .or(own_fd.as_deref().map(|f| f.as_fd()));
@@ -212,6 +209,18 @@ impl CachingFs {
             self.own_change(path, &before, &after, attr.mtime.is_some());
         }
         Ok(attr_of(id, &after))
+    }
+
+    /// The `O_PATH` descriptor of node `inode`'s file while its state is loaded (a regular
+    /// file after its create or open; checked to be the node's file then). A request about
+    /// the node reaches that file through it: never another file that took its name
+    /// behind the mount, and without resolving the name beneath the root. Not where
+    /// inode numbers are unstable, since the node is then known by its name alone.
+    fn own_fd(&self, inode: &Inode) -> Option<Arc<OwnedFd>> {
+        if !self.stable_ino {
+            return None;
+        }
+        inode.file().as_ref().and_then(|s| s.path_fd.clone())
     }
 
     /// The cache renamed the data files now at `paths` (a rename moves a file's ctime):
@@ -333,6 +342,16 @@ impl CachingFs {
     pub fn getxattr(&self, id: u64, name: &OsStr, size: u32) -> Result<Vec<u8>> {
         if !self.online() {
             return Err(Errno::ENODATA); // extended attributes are not kept offline
+        }
+        // The kernel asks for `security.capability` before writes to a file (twice per
+        // file in an untar): a loaded file answers through its own descriptor.
+        if let Some(fd) = self.own_fd(&*self.inode(id)?) {
+            let name = name.to_os_string();
+            return (self.source)
+                .with_fd(fd.as_fd(), move |f| {
+                    crate::source::getxattr_of(f.as_fd(), &name, size as usize)
+                })
+                .map_err(errno);
         }
         let path = self.path_of(id)?;
         self.source
