@@ -146,7 +146,8 @@ fn check_all(t: &TestMount) {
             f.read_exact_at(&mut buf, (want.len() / 2) as u64).unwrap();
             assert!(buf == want[want.len() / 2..want.len() / 2 + 1000], "{name}");
             // The entry is repaired: the cache file is a plain file holding the source.
-            let meta = fs::symlink_metadata(t.c(&name)).unwrap();
+            let meta = fs::symlink_metadata(t.c(&name))
+                .unwrap_or_else(|e| panic!("{name}: no cache entry after reads ({e})"));
             assert!(meta.is_file(), "{name}: cache entry not repaired");
             assert!(
                 fs::read(t.c(&name)).unwrap() == want,

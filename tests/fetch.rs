@@ -234,6 +234,61 @@ fn small_files(t: &TestMount, dir: &str, n: usize) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// A file changed behind an unwatched mount, then fetched ahead by the directory prefetch
+/// (a sibling's open loads its cache state before any open of its own), must not be read
+/// from the pages the kernel kept of its old version.
+#[test]
+fn a_file_changed_behind_the_mount_and_fetched_ahead_is_never_read_old() {
+    let t = TestMount::new(&[
+        "--watch",
+        "off",
+        "--no-passthrough",
+        "--fetch-dir-prefetch",
+        "8",
+    ]);
+    let files = small_files(&t, "d", 3);
+    let order = listing(&t, "d");
+    // Read (the kernel keeps their pages), then let their states go (closed, committed).
+    for name in &order {
+        fs::read(t.m(&format!("d/{name}"))).unwrap();
+    }
+    for name in &order {
+        wait_until(Duration::from_secs(10), &format!("d/{name} cached"), || {
+            cached_whole(&t, &format!("d/{name}"))
+        });
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    // Behind the mount: the second file gets new bytes of the same length, a new mtime.
+    let second = &order[1];
+    let old = &files.iter().find(|(n, _)| n == second).unwrap().1;
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
+    let src = t.s(&format!("d/{second}"));
+    fs::write(&src, &new).unwrap();
+    let later = std::time::SystemTime::now() + Duration::from_secs(10);
+    fs::File::options()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    // The first file changes too, so that its open is a miss, which moves the window.
+    let first = t.s(&format!("d/{}", order[0]));
+    let bytes: Vec<u8> = fs::read(&first).unwrap().iter().map(|b| !b).collect();
+    fs::write(&first, bytes).unwrap();
+    let before = t.stats().cache.dir_prefetch_files;
+    // The first file's open fetches the second ahead, into a fresh cache state.
+    fs::read(t.m(&format!("d/{}", order[0]))).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the second file fetched ahead",
+        || t.stats().cache.dir_prefetch_files > before,
+    );
+    assert!(
+        fs::read(t.m(&format!("d/{second}"))).unwrap() == new,
+        "the old version's pages were served"
+    );
+}
+
 /// Opening the first files of a directory fetches the next ones in the background, in
 /// listing order and no further than the window; a reader going on through the directory
 /// finds them cached (or joins their fetch): every byte comes from the source once.

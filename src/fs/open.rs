@@ -388,6 +388,10 @@ impl CachingFs {
         // With kernel opens, pages come only from requests served: a file's first fill
         // leaves the kernel nothing to drop (and dropping would throw away the pages the
         // request that loads it is reading).
+        // A reset by another loader (the directory prefetch) leaves them old too.
+        if !inode.kernel_pages_current() {
+            keep_cache = false;
+        }
         if !keep_cache && (!self.kernel_opens() || inode.kernel_open_pages()) {
             self.coherence.notify(Notice::Inode(id));
         }

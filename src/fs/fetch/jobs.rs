@@ -83,7 +83,12 @@ impl CachingFs {
         if guard.is_some() || !job.wanted() || !self.inodes.holds(&inode) {
             return;
         }
-        let (state, _) = self.load_state(&inode, &job.path, &mut st, false);
+        let (state, reset) = self.load_state(&inode, &job.path, &mut st, false);
+        if reset {
+            // As at an open's load: pages the kernel kept from an earlier open may be of
+            // the version the cache just dropped, and the next open must not keep them.
+            inode.content_changed();
+        }
         let state = guard.insert(Box::new(state));
         if state.files().is_none() || state.record().is_complete() {
             return self.unload_if_idle(&inode, &mut guard);
