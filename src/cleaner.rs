@@ -187,6 +187,14 @@ impl Usage {
         self.files_removed_total.fetch_add(1, Relaxed);
     }
 
+    /// A cache entry was removed, holding what `removed` says.
+    pub fn removed(&self, removed: crate::cache::store::Removed) {
+        self.sub(removed.data_bytes);
+        if removed.record {
+            self.file_removed();
+        }
+    }
+
     /// Bytes added, bytes removed, files added, files removed, ever.
     fn totals(&self) -> (u64, u64, u64, u64) {
         (

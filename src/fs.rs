@@ -644,29 +644,18 @@ impl CachingFs {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Removes whatever the cache holds for `rel` (`CacheStore::remove`), counting what
-    /// that frees.
     /// `uncache`, done off the caller's path (`cache/removals.rs`): for names gone from
     /// the source.
     fn uncache_later(&self, rel: &Path) {
         let usage = self.usage.clone();
-        self.cache.remove_entry_later(
-            rel,
-            Box::new(move |removed| {
-                usage.sub(removed.data_bytes);
-                if removed.record {
-                    usage.file_removed();
-                }
-            }),
-        );
+        self.cache
+            .remove_entry_later(rel, Box::new(move |removed| usage.removed(removed)));
     }
 
+    /// Removes whatever the cache holds for `rel` (`CacheStore::remove_entry`), counting
+    /// what that frees.
     fn uncache(&self, rel: &Path) -> io::Result<()> {
-        let removed = self.cache.remove_entry(rel)?;
-        self.usage.sub(removed.data_bytes);
-        if removed.record {
-            self.usage.file_removed();
-        }
+        self.usage.removed(self.cache.remove_entry(rel)?);
         Ok(())
     }
 }

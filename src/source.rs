@@ -235,10 +235,19 @@ pub fn may_mean_unreachable(e: &io::Error) -> bool {
 /// `getxattr` of the object that `fd` (an `O_PATH` one too) names, through its /proc link:
 /// `fgetxattr` refuses `O_PATH` descriptors.
 pub fn getxattr_of(fd: BorrowedFd<'_>, name: &OsStr, size: usize) -> io::Result<Vec<u8>> {
-    let name = cstr(name)?;
     let p = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    getxattr_at(&p, &cstr(name)?, size, true)
+}
+
+/// `getxattr` (`follow`) or `lgetxattr` of path `p`, into a buffer of `size` bytes.
+fn getxattr_at(p: &CString, name: &CString, size: usize, follow: bool) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; size];
-    let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), size) };
+    let get = if follow {
+        libc::getxattr
+    } else {
+        libc::lgetxattr
+    };
+    let n = unsafe { get(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), size) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -603,21 +612,7 @@ impl BeneathRoot {
 
     pub fn getxattr(&self, rel: &Path, name: &OsStr, size: usize) -> io::Result<Vec<u8>> {
         let name = cstr(name)?;
-        self.with_proc_path(rel, |p, follow| {
-            let mut buf = vec![0u8; size];
-            let get = if follow {
-                libc::getxattr
-            } else {
-                libc::lgetxattr
-            };
-            let n = unsafe { get(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), size) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // With size 0 the call only reports the length: answer a buffer of that length.
-            buf.resize(n as usize, 0);
-            Ok(buf)
-        })
+        self.with_proc_path(rel, |p, follow| getxattr_at(p, &name, size, follow))
     }
 
     pub fn listxattr(&self, rel: &Path, size: usize) -> io::Result<Vec<u8>> {

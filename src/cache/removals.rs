@@ -105,18 +105,13 @@ impl Removals {
     /// Starts the worker. Without a thread (it could not start) every removal is done by
     /// its caller.
     pub fn start(remove_now: RemoveNow) -> Removals {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::default()),
-            changed: Condvar::new(),
-            pending: AtomicUsize::new(0),
-            remove_now,
-        });
-        let for_worker = shared.clone();
-        let worker = std::thread::Builder::new()
+        let mut removals = Removals::inline(remove_now);
+        let for_worker = removals.shared.clone();
+        removals.worker = std::thread::Builder::new()
             .name("cache-removals".into())
             .spawn(move || work(&for_worker))
             .ok();
-        Removals { shared, worker }
+        removals
     }
 
     /// Removes the entry of `rel` soon; `report` is told what it held.
