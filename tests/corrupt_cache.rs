@@ -259,3 +259,49 @@ fn a_data_file_edited_while_open_is_not_vouched_for_at_close() {
         t.remount();
     }
 }
+
+/// A data file or record removed from the cache directory (or a data file replaced there)
+/// just after its file was closed, while the closed file's state is still loaded for its
+/// group commit: the next open serves the source's bytes and fills a new entry at the
+/// path, rather than going on with the old files, which no name leads to any more.
+#[test]
+fn a_data_file_removed_while_its_fills_await_their_commit_is_filled_again() {
+    let t = &mut TestMount::new(&["--whole-file-threshold", "64K", "--chunk-size", "64K"]);
+    // Damaged on purpose: the daemon may say what it discards.
+    t.expect_warnings();
+    for round in 0..20 {
+        for (kind, len) in [("small", SMALL), ("big", BIG)] {
+            let name = format!("{kind}-{round}");
+            let want = pattern(len, round as u64);
+            fs::write(t.s(&name), &want).unwrap();
+            assert!(fs::read(t.m(&name)).unwrap() == want);
+            // The release reaches the daemon after close(2) returns; the group commit
+            // waits 50 ms for more files, so the state is still loaded when it has.
+            while t.stats().open_handles > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if round % 3 == 0 {
+                fs::remove_file(t.c(&name)).unwrap();
+            } else if round % 3 == 1 {
+                // The record goes: the entry is remade whole, not left without one.
+                fs::remove_file(t.cache.join("meta").join(&name)).unwrap();
+            } else {
+                let evil = t.base().join("evil");
+                fs::write(&evil, vec![b'E'; len]).unwrap();
+                fs::rename(&evil, t.c(&name)).unwrap();
+            }
+            assert!(
+                fs::read(t.m(&name)).unwrap() == want,
+                "{name}: served other bytes"
+            );
+            t.wait_released();
+            let cached = fs::read(t.c(&name))
+                .unwrap_or_else(|e| panic!("{name}: no data file after the read ({e})"));
+            assert!(cached == want, "{name}: the data file is not the source's");
+            assert!(
+                t.cache.join("meta").join(&name).is_file(),
+                "{name}: no record after the read"
+            );
+        }
+    }
+}

@@ -409,6 +409,16 @@ impl FileState {
         }
     }
 
+    /// Whether the data file or the record has no name any more: removed from the cache
+    /// directory, or replaced there (by a new version's entry, or behind hoardfs's back).
+    pub(super) fn files_unlinked(&self) -> bool {
+        self.files.as_ref().is_some_and(|files| {
+            let data = self.fetch.quiet(|| fstat(files.data.as_fd()));
+            data.is_ok_and(|st| st.nlink == 0)
+                || fstat(files.meta.as_fd()).is_ok_and(|st| st.nlink == 0)
+        })
+    }
+
     /// The data file was changed behind hoardfs's back while the file was loaded (edited
     /// in the cache directory): nothing of it is vouched for any more. The record is
     /// emptied (durably), so every chunk is fetched again; nothing is stamped as valid.

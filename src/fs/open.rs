@@ -333,6 +333,16 @@ impl CachingFs {
         }
         let mut keep_cache = true;
         let seen = self.identity(&st);
+        // Loaded but closed (waiting for its group commit, or for fetches), with cache files
+        // no name leads to any more (removed or replaced in the cache directory): they are
+        // not the path's entry, and going on with them would leave the entry unrepaired.
+        // Loaded afresh from the path, as if it had been unloaded before.
+        if guard
+            .as_ref()
+            .is_some_and(|s| s.is_closed() && s.files_unlinked())
+        {
+            self.unload(&inode, &mut guard);
+        }
         match guard.as_mut() {
             None => {
                 let (mut state, reset) = self.load_state(&inode, &path, &mut st, false);
