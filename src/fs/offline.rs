@@ -140,7 +140,15 @@ impl CachingFs {
             dir,
             entries: listed,
         };
-        match self.cache.save_listing(&listing) {
+        // Taken again as saved before (by an earlier daemon, or past `LISTING_MAX_AGE`):
+        // the file on disk stays as it is. Reading it costs one small read; writing it a
+        // new file, its rename over the old one and the old one's freeing.
+        let saved = if self.cache.load_listing(path).as_ref() == Some(&listing) {
+            Ok(())
+        } else {
+            self.cache.save_listing(&listing)
+        };
+        match saved {
             Ok(()) => {
                 let mut listed = self.listed.lock().unwrap();
                 listed.loaded.remove(path);
