@@ -12,7 +12,9 @@
 //!   next `fetch_dir_prefetch` files for the workers. A queued file is dropped when the
 //!   reader gets there first or the order breaks; a worker fetches it through the file's
 //!   own cache state (`fs/fetch.rs`), so a later open joins it or finds it cached, and
-//!   validates it against the source like any other cached file.
+//!   validates it against the source like any other cached file. An open that hits the
+//!   cache fetches nothing; it has the next files' cache entries read into memory instead
+//!   (`cache/warm.rs`), so that their opens do not wait for the disk one by one.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
@@ -286,6 +288,11 @@ struct DirOrder {
     window: usize,
     /// Positions before this one were queued already.
     ahead: usize,
+    /// Positions before this one were handed to the warmer already.
+    warmed: usize,
+    /// An open of this pass over the directory found its cached data out of memory: the
+    /// next files' entries are read ahead (a pass over a directory in memory reads none).
+    warming: bool,
     /// Positions whose fetch a worker started (for `dir_prefetch_hits`).
     started: HashSet<usize>,
     used: u64,
@@ -298,6 +305,17 @@ pub struct DirPrefetch {
     dirs: Mutex<(HashMap<PathBuf, DirOrder>, u64)>,
 }
 
+/// What an open found in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Not all of the file's data.
+    Miss,
+    /// All of it, on disk but not in memory (the kernel's caches were dropped).
+    ColdHit,
+    /// All of it, in memory as far as known.
+    Hit,
+}
+
 /// What an open of a file in a listed directory asks for.
 #[derive(Debug, Default)]
 pub struct DirOpen {
@@ -306,6 +324,9 @@ pub struct DirOpen {
     /// Files to queue: (position, path), with the cursor and its generation.
     pub ahead: Vec<(usize, PathBuf)>,
     pub cursor: Option<(Arc<Cursor>, u64)>,
+    /// Files cached before, whose cache entries to read ahead (`cache/warm.rs`): a warm
+    /// cache's reader in order, whom nothing is fetched for.
+    pub warm: Vec<PathBuf>,
 }
 
 impl DirPrefetch {
@@ -353,15 +374,19 @@ impl DirPrefetch {
                 run: 0,
                 window: 0,
                 ahead: 0,
+                warmed: 0,
+                warming: false,
                 started: HashSet::new(),
                 used: *clock,
             },
         );
     }
 
-    /// An open of `dir/name` for reading; `miss`: its data is not (all) cached. Follows
-    /// the cursor and returns the files to fetch ahead (at most `max` past this one).
-    pub fn opened(&self, dir: &Path, name: &OsStr, miss: bool, max: u64) -> DirOpen {
+    /// An open of `dir/name` for reading, which `found` the file so in the cache. Follows
+    /// the cursor and returns the files to fetch ahead (at most `max` past this one), or
+    /// after cold hits, those whose cache entries to read ahead.
+    pub fn opened(&self, dir: &Path, name: &OsStr, found: Found, max: u64) -> DirOpen {
+        let miss = found == Found::Miss;
         let mut out = DirOpen::default();
         let mut g = self.dirs.lock().unwrap();
         let (dirs, clock) = &mut *g;
@@ -383,6 +408,8 @@ impl DirPrefetch {
             d.run = 2;
             d.window = 0;
             d.ahead = 1;
+            d.warmed = 1;
+            d.warming = false;
         } else if last != NO_POS && (pos as u64) > last && pos as u64 <= last + 1 + max as u64 {
             // The next file, or one a little further (a reader skipping some).
             d.run = d.run.saturating_add(1);
@@ -391,16 +418,32 @@ impl DirPrefetch {
             d.run = 1;
             d.window = 0;
             d.ahead = pos + 1;
+            d.warmed = pos + 1;
+            d.warming = false;
             d.cursor.generation.fetch_add(1, Relaxed);
         }
         if d.run >= 2 && (last == NO_POS || pos as u64 != last) {
             d.window = if d.window == 0 { 2 } else { d.window * 2 };
         }
         d.window = d.window.min(max);
+        d.warming |= found == Found::ColdHit;
         d.cursor.at.store(pos as u64, Relaxed);
+        if d.run < 2 || max == 0 {
+            return out;
+        }
         // Misses move the window on, and so do files prefetched before (the reader is
-        // consuming them); hits on files cached before do not (a warm cache stays quiet).
-        if d.run < 2 || !(miss || out.hit) || max == 0 {
+        // consuming them); hits on files cached before do not (a warm cache fetches
+        // nothing), but have the next entries read from the cache ahead of them.
+        if !(miss || out.hit) {
+            if !d.warming {
+                return out;
+            }
+            let from = d.warmed.max(pos + 1);
+            let to = (pos + 1 + d.window).min(d.names.len());
+            if from < to {
+                d.warmed = to;
+                out.warm = (from..to).map(|i| dir.join(&d.names[i])).collect();
+            }
             return out;
         }
         let from = d.ahead.max(pos + 1);
@@ -451,7 +494,8 @@ mod tests {
     }
 
     fn asked(d: &DirPrefetch, i: usize, miss: bool) -> Vec<usize> {
-        let o = d.opened(Path::new("d"), OsStr::new(&format!("f{i}")), miss, 16);
+        let found = if miss { Found::Miss } else { Found::Hit };
+        let o = d.opened(Path::new("d"), OsStr::new(&format!("f{i}")), found, 16);
         o.ahead.into_iter().map(|(p, _)| p).collect()
     }
 
@@ -468,17 +512,52 @@ mod tests {
         assert_eq!(asked(&d, 5, false), Vec::<usize>::new());
         assert_eq!(asked(&d, 6, true), vec![21, 22]);
         // A file the prefetch started counts as a hit and moves the window on.
-        let c = d.opened(Path::new("d"), OsStr::new("f6"), false, 16).cursor;
+        let c = d
+            .opened(Path::new("d"), OsStr::new("f6"), Found::Hit, 16)
+            .cursor;
         assert!(c.is_none(), "the same file again asks for nothing");
         let (cursor, _) = d
-            .opened(Path::new("d"), OsStr::new("f7"), true, 16)
+            .opened(Path::new("d"), OsStr::new("f7"), Found::Miss, 16)
             .cursor
             .unwrap();
         d.started(Path::new("d"), &cursor, 8);
-        let o = d.opened(Path::new("d"), OsStr::new("f8"), false, 16);
+        let o = d.opened(Path::new("d"), OsStr::new("f8"), Found::Hit, 16);
         assert!(o.hit);
         assert_eq!(o.ahead.first().map(|a| a.0), Some(24));
         assert_eq!(o.ahead.last().map(|a| a.0), Some(24));
+    }
+
+    fn warmed(d: &DirPrefetch, i: usize, found: Found) -> Vec<String> {
+        let o = d.opened(Path::new("d"), OsStr::new(&format!("f{i}")), found, 16);
+        assert!(o.ahead.is_empty(), "a hit fetches nothing");
+        o.warm.iter().map(|p| p.display().to_string()).collect()
+    }
+
+    #[test]
+    fn hits_out_of_memory_have_the_next_entries_read_ahead_and_hits_in_memory_do_not() {
+        let d = DirPrefetch::default();
+        d.listed(Path::new("d"), names(40));
+        // A pass over a directory in memory reads nothing ahead.
+        for i in 0..10 {
+            assert!(warmed(&d, i, Found::Hit).is_empty(), "f{i}");
+        }
+        // A new pass whose first file was out of memory: the next ones, in a growing
+        // window, each once; hits in memory after it go on with the pass.
+        assert_eq!(warmed(&d, 0, Found::ColdHit), ["d/f1", "d/f2"]);
+        assert_eq!(warmed(&d, 1, Found::Hit), ["d/f3", "d/f4", "d/f5"]);
+        assert_eq!(warmed(&d, 2, Found::Hit).len(), 5);
+        assert_eq!(
+            warmed(&d, 2, Found::Hit),
+            Vec::<String>::new(),
+            "the same file again"
+        );
+        // A break in the order ends the pass; in-order hits in memory start none.
+        assert!(warmed(&d, 30, Found::Hit).is_empty());
+        assert!(warmed(&d, 31, Found::Hit).is_empty());
+        assert_eq!(
+            warmed(&d, 32, Found::ColdHit).first().map(|s| s.as_str()),
+            Some("d/f33")
+        );
     }
 
     #[test]
@@ -486,7 +565,7 @@ mod tests {
         let d = DirPrefetch::default();
         d.listed(Path::new("d"), names(50));
         assert_eq!(asked(&d, 0, true), vec![1, 2]);
-        let o = d.opened(Path::new("d"), OsStr::new("f1"), true, 16);
+        let o = d.opened(Path::new("d"), OsStr::new("f1"), Found::Miss, 16);
         let (cursor, generation) = o.cursor.unwrap();
         let job = |pos| FileJob {
             dir_id: 1,
@@ -510,12 +589,12 @@ mod tests {
         assert_eq!(asked(&d, 10, true), vec![11, 12]);
         // Unknown directories and names ask for nothing.
         assert!(
-            d.opened(Path::new("e"), OsStr::new("f1"), true, 16)
+            d.opened(Path::new("e"), OsStr::new("f1"), Found::Miss, 16)
                 .ahead
                 .is_empty()
         );
         assert!(
-            d.opened(Path::new("d"), OsStr::new("x"), true, 16)
+            d.opened(Path::new("d"), OsStr::new("x"), Found::Miss, 16)
                 .ahead
                 .is_empty()
         );

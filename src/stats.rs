@@ -86,6 +86,7 @@ counters! {
     dir_prefetch_files: "small files fetched whole in the background because earlier files of their directory were opened in listing order",
     dir_prefetch_hits: "opens of files the directory prefetch had fetched or was fetching",
     dir_prefetch_dropped: "files of the directory prefetch not fetched: the reader got there first, the order broke, or a bound (in-flight bytes, source files, cache watermark) said no",
+    dir_warm_ahead: "cache entries of files cached before read into memory ahead of a reader opening their directory's files in listing order",
 }
 
 #[derive(Debug)]

@@ -420,3 +420,62 @@ fn opens_out_of_listing_order_fetch_nothing_ahead() {
     assert_eq!(s.dir_prefetch_files, 0, "{s:?}");
     assert_eq!(s.whole_file_fetches, 29, "{s:?}");
 }
+
+/// Drops `rel`'s cache files from memory (both of them), as a `drop_caches` would, but for
+/// these files only.
+fn evict_cache_pages(t: &TestMount, rel: &str) {
+    for tree in ["data", "meta"] {
+        let f = fs::File::open(t.cache.join(tree).join(rel)).unwrap();
+        assert_eq!(
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) },
+            0
+        );
+    }
+}
+
+/// A reader going through a cached directory in listing order whose cache files are on
+/// disk only (the kernel's caches dropped) has the next files' cache entries read ahead of
+/// it; one whose files are in memory has none read. Either way it reads the source's
+/// bytes, also for files changed on the source meanwhile (the warmer only reads the cache;
+/// each open still checks its file).
+#[test]
+fn a_cached_directory_read_in_order_from_disk_has_the_next_entries_read_ahead() {
+    let t = TestMount::new(&[]);
+    let mut files = small_files(&t, "d", 30);
+    let order = listing(&t, "d");
+    let data = |files: &[(String, Vec<u8>)], name: &str| {
+        files.iter().find(|(n, _)| n == name).unwrap().1.clone()
+    };
+    for name in &order {
+        assert!(fs::read(t.m(&format!("d/{name}"))).unwrap() == data(&files, name));
+    }
+    for name in &order {
+        wait_until(Duration::from_secs(20), &format!("d/{name} cached"), || {
+            cached_whole(&t, &format!("d/{name}"))
+        });
+    }
+    t.wait_released();
+    // In memory: a pass reads nothing ahead.
+    for name in &order {
+        assert!(fs::read(t.m(&format!("d/{name}"))).unwrap() == data(&files, name));
+    }
+    assert_eq!(t.stats().cache.dir_warm_ahead, 0);
+    t.wait_released();
+    // On disk only, and a few files changed on the source: read ahead, and read right.
+    for (i, name) in order.iter().enumerate() {
+        evict_cache_pages(&t, &format!("d/{name}"));
+        if i % 7 == 3 {
+            let new = pattern(2000 + i, 1000 + i as u64);
+            fs::write(t.s(&format!("d/{name}")), &new).unwrap();
+            files.iter_mut().find(|(n, _)| n == name).unwrap().1 = new;
+        }
+    }
+    for name in &order {
+        assert!(
+            fs::read(t.m(&format!("d/{name}"))).unwrap() == data(&files, name),
+            "d/{name}"
+        );
+    }
+    let warmed = t.stats().cache.dir_warm_ahead;
+    assert!(warmed >= 20, "{warmed} entries read ahead of 30 files");
+}

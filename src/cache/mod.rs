@@ -23,6 +23,7 @@ pub mod record;
 pub mod removals;
 pub mod source_info;
 pub mod store;
+pub mod warm;
 
 pub use record::{CacheRecord, SourceIdentity};
 pub use store::CacheStore;

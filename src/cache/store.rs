@@ -19,6 +19,7 @@ use super::reaper::Reaper;
 use super::record::{CacheRecord, DataIdentity};
 pub use super::removals::remove_tree;
 use super::removals::{Removals, Report, Scope, remove_entry, remove_now};
+use super::warm::Warmer;
 use crate::source::{BeneathRoot, Stat, cvt, fstat};
 
 const FORMAT_LINE: &str = "hoardfs cache 1\n";
@@ -44,6 +45,8 @@ pub struct CacheStore {
     /// Entries of names removed through the mount, removed off the request's path. Before
     /// `_lock`: dropping it finishes the queue while the cache is still ours.
     removals: Removals,
+    /// Reads the next cache entries of a directory read in order (`warm.rs`).
+    warmer: Warmer,
     /// Held for the life of the store: one daemon per cache directory.
     _lock: File,
 }
@@ -183,16 +186,25 @@ impl CacheStore {
             root: root.to_path_buf(),
             reaper,
             removals,
+            warmer: Warmer::inline(),
             _lock: lock,
         })
     }
 
     /// Starts the threads that take work off the request path (the reaper, the queue of
-    /// removals). Called in the process that serves the mount: a store opened before the
-    /// daemon forks works without them until then, since threads do not survive a fork.
+    /// removals) or ahead of it (the warmer). Called in the process that serves the mount:
+    /// a store opened before the daemon forks works without them until then, since threads
+    /// do not survive a fork.
     pub fn start_workers(&mut self) {
         self.reaper = Reaper::start();
         self.removals = Removals::start(remove_now(&self.meta, &self.data, &self.reaper));
+        self.warmer = Warmer::start(self.data.clone(), self.meta.clone());
+    }
+
+    /// Reads the entries of `paths` into memory soon, ahead of opens expected in that
+    /// order (`warm.rs`); a hint that changes nothing.
+    pub fn warm_ahead(&self, paths: impl IntoIterator<Item = PathBuf>) {
+        self.warmer.warm(paths);
     }
 
     /// The cache root, for entries beside the trees (`source.json`, `pins`, `oplog/`, ...).
@@ -683,6 +695,15 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
         meta.sync_data()?;
     }
     Ok(())
+}
+
+/// Whether the first page of `file` is in memory, so that a read of it would not wait for
+/// the disk: a one-byte `preadv2` with `RWF_NOWAIT`, which fails (`EAGAIN`) rather than
+/// wait. An empty file counts as in memory; a file system that cannot tell, as not.
+pub fn first_page_resident(file: &File) -> bool {
+    let mut byte = [0u8; 1];
+    let mut bufs = [std::io::IoSliceMut::new(&mut byte)];
+    rustix::io::preadv2(file, &mut bufs, 0, rustix::io::ReadWriteFlags::NOWAIT).is_ok()
 }
 
 /// A file that belongs to no path: the record file of a cache state that no longer owns its

@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use fuser::{BackingId, Errno, FileAttr, FopenFlags};
 
 use super::{CachingFs, FileState, Handle, Inode, OpenKind, Opened, Result, Writes, child, errno};
+use crate::cache::store::first_page_resident;
 use crate::coherence::Notice;
 use crate::fetch::HandleFetch;
+use crate::fetch_pool::Found;
 use crate::health::SourceFile;
 use crate::stats::Stats;
 
@@ -407,8 +409,14 @@ impl CachingFs {
         }
         let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
         if flags & libc::O_ACCMODE == libc::O_RDONLY {
-            // Fetch the next files of its directory ahead of a reader going through them.
-            self.dir_prefetch_open(&inode, &path, !was_complete);
+            // The next files of its directory, ahead of a reader going through them: fetched
+            // after a miss; after a hit whose data is on disk only, their entries read in.
+            let found = match guard.as_ref().unwrap().files() {
+                _ if !was_complete => Found::Miss,
+                Some(f) if !first_page_resident(&f.data) => Found::ColdHit,
+                _ => Found::Hit,
+            };
+            self.dir_prefetch_open(&inode, &path, found);
         }
 
         if writable {

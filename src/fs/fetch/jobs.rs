@@ -7,16 +7,17 @@ use std::sync::{Arc, Weak};
 
 use super::{Ctx, Got};
 use crate::fetch::{End, Flight};
-use crate::fetch_pool::{FileJob, Job, Task};
+use crate::fetch_pool::{FileJob, Found, Job, Task};
 use crate::fs::{CachingFs, Inode};
 use crate::stats::Stats;
 use crate::threads::Threads;
 
 impl CachingFs {
-    /// A read-only open of `path` (node `inode`) in a listed directory: follows the
-    /// directory's cursor and, when this open missed the cache and the order holds, queues
-    /// whole-file fetches of the next files (`crate::fetch::DirPrefetch`).
-    pub(in crate::fs) fn dir_prefetch_open(&self, inode: &Inode, path: &Path, miss: bool) {
+    /// A read-only open of `path` (node `inode`) in a listed directory, which `found` the
+    /// file so in the cache: follows the directory's cursor and, while the order holds,
+    /// queues whole-file fetches of the next files after a miss, or has their cache
+    /// entries read ahead after cold hits (`crate::fetch_pool::DirPrefetch`).
+    pub(in crate::fs) fn dir_prefetch_open(&self, inode: &Inode, path: &Path, found: Found) {
         let max = self.fetcher.tun.dir_prefetch.load(Relaxed);
         if max == 0 {
             return;
@@ -24,10 +25,14 @@ impl CachingFs {
         let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
             return;
         };
-        let opened = self.fetcher.dirs.opened(dir, name, miss, max);
+        let mut opened = self.fetcher.dirs.opened(dir, name, found, max);
         let c = &self.stats.cache;
         if opened.hit {
             Stats::add(&c.dir_prefetch_hits, 1);
+        }
+        if !opened.warm.is_empty() {
+            Stats::add(&c.dir_warm_ahead, opened.warm.len() as u64);
+            self.cache.warm_ahead(std::mem::take(&mut opened.warm));
         }
         let Some((cursor, generation)) = opened.cursor else {
             return;

@@ -1,0 +1,211 @@
+//! Reads the cache entries of a directory's next files ahead of a reader going through
+//! them in order (issue 23, "warm" runs: the cache full, the kernel's caches dropped).
+//! There an open of a cached file waits for its record's inode and block and its data
+//! file's inode, and the passthrough read after it for the data: three or four random
+//! reads one after the other, where the native file system waits for two. The workers
+//! here read the next files' entries meanwhile, several at once, so that their opens and
+//! reads find them in memory.
+//!
+//! Only the cache's own files are read, beneath the trees' roots, and nothing is changed:
+//! a guess that turns out wrong (the reader stops, a name is not cached, its removal is
+//! queued) costs its reads and no more.
+
+use std::collections::VecDeque;
+use std::num::NonZeroU64;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use rustix::fs::{Advice, OFlags};
+
+use crate::source::BeneathRoot;
+
+/// Entries waiting at most; beyond, new ones are not warmed (the reader is there first).
+const BACKLOG: usize = 256;
+/// Workers, so reads in flight: each opening waits for its inodes one at a time.
+const WORKERS: usize = 4;
+/// Data read ahead per file at most (a small file whole; a large one's first chunks).
+const DATA_MAX: u64 = 256 << 10;
+
+#[derive(Default)]
+struct Queue {
+    paths: VecDeque<PathBuf>,
+    stop: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    data: Arc<BeneathRoot>,
+    meta: Arc<BeneathRoot>,
+}
+
+/// The workers; dropping it stops them after the entry each is reading.
+#[derive(Default)]
+pub struct Warmer {
+    shared: Option<Arc<Shared>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Warmer {
+    /// A warmer that reads nothing: for a store opened before the daemon forks
+    /// (`CacheStore::start_workers`), and for in-process cores.
+    pub fn inline() -> Warmer {
+        Warmer::default()
+    }
+
+    /// Starts the workers over the trees `data` and `meta`. Those that cannot start are
+    /// done without (warming is a hint).
+    pub fn start(data: Arc<BeneathRoot>, meta: Arc<BeneathRoot>) -> Warmer {
+        let shared = Arc::new(Shared {
+            queue: Mutex::default(),
+            wake: Condvar::new(),
+            data,
+            meta,
+        });
+        let threads: Vec<_> = (0..WORKERS)
+            .filter_map(|_| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name("cache-warm".into())
+                    .spawn(move || work(&shared))
+                    .ok()
+            })
+            .collect();
+        Warmer {
+            shared: (!threads.is_empty()).then_some(shared),
+            threads,
+        }
+    }
+
+    /// Reads the entries of `paths` (relative to the trees) soon, in order.
+    pub fn warm(&self, paths: impl IntoIterator<Item = PathBuf>) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let mut q = shared.queue.lock().unwrap();
+        let before = q.paths.len();
+        for p in paths {
+            if q.paths.len() >= BACKLOG {
+                break;
+            }
+            q.paths.push_back(p);
+        }
+        let added = q.paths.len() - before;
+        drop(q);
+        for _ in 0..added.min(WORKERS) {
+            shared.wake.notify_one();
+        }
+    }
+}
+
+impl std::fmt::Debug for Warmer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warmer")
+            .field("workers", &self.threads.len())
+            .finish()
+    }
+}
+
+impl Drop for Warmer {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.queue.lock().unwrap().stop = true;
+            shared.wake.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn work(shared: &Shared) {
+    loop {
+        let rel = {
+            let mut q = shared.queue.lock().unwrap();
+            loop {
+                if q.stop {
+                    return;
+                }
+                if let Some(p) = q.paths.pop_front() {
+                    break p;
+                }
+                q = shared.wake.wait(q).unwrap();
+            }
+        };
+        warm_one(&shared.data, &shared.meta, &rel);
+    }
+}
+
+/// Brings `rel`'s record and the start of its data file into memory: the opens read the
+/// directories' blocks and the inodes; the advice starts the reads of the contents.
+fn warm_one(data: &BeneathRoot, meta: &BeneathRoot, rel: &Path) {
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOATIME;
+    let read_ahead = |tree: &BeneathRoot, max: u64| {
+        // O_NOATIME is refused for files the caller does not own: then without it.
+        let fd = tree
+            .openat(rel, flags, 0)
+            .or_else(|_| tree.openat(rel, flags - OFlags::NOATIME, 0));
+        let Ok(fd) = fd else {
+            return;
+        };
+        let len = rustix::fs::fstat(&fd)
+            .ok()
+            .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
+            .and_then(|st| NonZeroU64::new((st.st_size as u64).min(max)));
+        if let Some(len) = len {
+            let _ = rustix::fs::fadvise(&fd, 0, Some(len), Advice::WillNeed);
+        }
+    };
+    read_ahead(meta, u64::MAX);
+    read_ahead(data, DATA_MAX);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Warming reads and changes nothing: the files' bytes and times are as before, names
+    /// that are not there or are not regular files are passed over, and a stopped warmer
+    /// drops what is left.
+    #[test]
+    fn warming_changes_nothing_and_passes_over_what_is_not_there() {
+        let dir = tempfile::tempdir().unwrap();
+        for t in ["data", "meta"] {
+            std::fs::create_dir_all(dir.path().join(t).join("d/sub")).unwrap();
+            std::fs::write(dir.path().join(t).join("d/f"), b"bytes").unwrap();
+        }
+        let before: Vec<_> = ["data/d/f", "meta/d/f"]
+            .iter()
+            .map(|p| std::fs::metadata(dir.path().join(p)).unwrap())
+            .collect();
+        let data = Arc::new(BeneathRoot::open(&dir.path().join("data")).unwrap());
+        let meta = Arc::new(BeneathRoot::open(&dir.path().join("meta")).unwrap());
+        let w = Warmer::start(data.clone(), meta.clone());
+        w.warm(["d/f", "d/missing", "d/sub", "../escape"].map(PathBuf::from));
+        // The workers take the queue in order: waiting for it to empty, then stopping,
+        // waits for every entry.
+        while !w
+            .shared
+            .as_ref()
+            .unwrap()
+            .queue
+            .lock()
+            .unwrap()
+            .paths
+            .is_empty()
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(w);
+        for (p, b) in ["data/d/f", "meta/d/f"].iter().zip(before) {
+            let now = std::fs::metadata(dir.path().join(p)).unwrap();
+            assert_eq!(std::fs::read(dir.path().join(p)).unwrap(), b"bytes");
+            assert_eq!(now.modified().unwrap(), b.modified().unwrap());
+            assert_eq!(now.accessed().unwrap(), b.accessed().unwrap(), "{p}");
+        }
+        // An inline warmer takes paths and does nothing with them.
+        Warmer::inline().warm([PathBuf::from("d/f")]);
+        warm_one(&data, &meta, Path::new("d/f"));
+    }
+}
