@@ -14,7 +14,7 @@
 //! chunk from the source without caching it and kicks the cleaner, so the cache never
 //! overshoots by more than one chunk per concurrent reader and nothing ever waits for it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -128,7 +128,15 @@ pub struct Usage {
     kick: Mutex<Option<Sender<Option<u64>>>>,
     /// The cache root, for the free space of its file system (`min_free`).
     cache_fs: std::sync::OnceLock<std::os::fd::OwnedFd>,
+    /// Last uses (milliseconds) of files whose records were not rewritten for them, being
+    /// recent enough on disk (`store::LAST_USED_GRAIN_MS`): a scan takes the later of the
+    /// two, so the order of files used within the grain holds.
+    recent_uses: Mutex<HashMap<PathBuf, u64>>,
 }
+
+/// Recent uses kept at most; past it, those older than the grain go (the records on disk
+/// are within the grain of them).
+const RECENT_USES_MAX: usize = 1 << 16;
 
 impl Usage {
     pub fn limits(&self) -> Option<Limits> {
@@ -143,6 +151,20 @@ impl Usage {
     pub fn add(&self, n: u64) {
         self.bytes.fetch_add(n, Relaxed);
         self.added_total.fetch_add(n, Relaxed);
+    }
+
+    /// `rel` was used at `ms` (milliseconds since the epoch), which its record on disk
+    /// does not say (`recent_uses`).
+    pub fn used(&self, rel: &Path, ms: u64) {
+        let mut recent = self.recent_uses.lock().unwrap();
+        if recent.len() >= RECENT_USES_MAX {
+            let grain = crate::cache::store::LAST_USED_GRAIN_MS;
+            recent.retain(|_, &mut t| t.saturating_add(grain) > ms);
+            if recent.len() >= RECENT_USES_MAX {
+                recent.clear();
+            }
+        }
+        recent.insert(rel.to_path_buf(), ms);
     }
 
     /// A fetch of `n` bytes starts (after `may_grow`).
@@ -486,7 +508,15 @@ pub fn clean_once(
     fs.settle();
     let before = usage.totals();
     let scan = scan(trees, pins, usage.chunked_above.load(Relaxed));
-    let files = scan.units;
+    let mut files = scan.units;
+    {
+        let recent = usage.recent_uses.lock().unwrap();
+        for f in files.iter_mut().filter(|f| f.chunk.is_none()) {
+            if let Some(&t) = recent.get(&f.rel) {
+                f.last_used = f.last_used.max(t);
+            }
+        }
+    }
     let after = usage.totals();
     // What changed while the walk ran may or may not have been seen by it: the true
     // figure lies between what the walk found less what was freed meanwhile, and plus

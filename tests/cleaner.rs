@@ -387,3 +387,36 @@ fn min_free_holds_when_the_cache_size_is_larger_than_its_file_system() {
     t.unmount();
     drop(tmpfs);
 }
+
+/// A file read again within a minute of its last use does not have its record rewritten
+/// for that alone (a read-only pass over a warm cache writes nothing), yet counts as used
+/// last (`eviction_follows_last_use`); one changed behind the mount does get a new record.
+#[test]
+fn a_file_used_again_soon_keeps_its_record_as_it_was() {
+    let t = TestMount::new(&[]);
+    fs::write(t.s("f"), pattern(5000, 1)).unwrap();
+    fs::read(t.m("f")).unwrap();
+    t.wait_released();
+    let meta = t.cache.join("meta").join("f");
+    let before = (
+        fs::read(&meta).unwrap(),
+        fs::metadata(&meta).unwrap().modified().unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..3 {
+        assert_eq!(fs::read(t.m("f")).unwrap(), pattern(5000, 1));
+        t.wait_released();
+    }
+    let after = (
+        fs::read(&meta).unwrap(),
+        fs::metadata(&meta).unwrap().modified().unwrap(),
+    );
+    assert!(after == before, "the record was rewritten");
+    fs::write(t.s("f"), pattern(6000, 2)).unwrap();
+    assert_eq!(fs::read(t.m("f")).unwrap(), pattern(6000, 2));
+    t.wait_released();
+    assert!(
+        fs::read(&meta).unwrap() != before.0,
+        "a new version's record"
+    );
+}

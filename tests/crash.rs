@@ -181,7 +181,7 @@ fn check_cache_against_source(t: &TestMount) -> u64 {
         ) else {
             continue;
         };
-        let files = CacheFiles { data, meta };
+        let files = CacheFiles::new(data, meta);
         let Ok(Some(Ok(rec))) = read_record(&files) else {
             continue;
         };

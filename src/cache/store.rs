@@ -10,7 +10,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustix::fs::OFlags;
 
@@ -65,7 +65,32 @@ pub struct Removed {
 pub struct CacheFiles {
     pub data: File,
     pub meta: File,
+    /// The record as this process last read it from `meta` or wrote it there
+    /// (`write_record_unless_same`).
+    on_disk: Mutex<Option<CacheRecord>>,
 }
+
+impl CacheFiles {
+    pub fn new(data: File, meta: File) -> CacheFiles {
+        CacheFiles {
+            data,
+            meta,
+            on_disk: Mutex::new(None),
+        }
+    }
+
+    /// Puts `meta` in place of the record file and returns the old one.
+    pub fn replace_meta(&mut self, meta: File) -> File {
+        *self.on_disk.get_mut().unwrap() = None;
+        std::mem::replace(&mut self.meta, meta)
+    }
+}
+
+/// How much older than a file's last use the one in its record on disk may be before the
+/// file's last close rewrites the record for it alone: the cleaner's order needs no finer
+/// time, and a file opened again and again (a header in a build) would otherwise rewrite
+/// its record at each close, and so would every file of a read-only pass over a cache.
+pub const LAST_USED_GRAIN_MS: u64 = 60_000;
 
 /// The cache's record and data trees, for the cleaner's scans.
 #[derive(Clone, Debug)]
@@ -276,10 +301,7 @@ impl CacheStore {
                 r => r,
             }
         };
-        Ok(CacheFiles {
-            data: open(&self.data)?,
-            meta: open(&self.meta)?,
-        })
+        Ok(CacheFiles::new(open(&self.data)?, open(&self.meta)?))
     }
 
     /// Puts a new data file of `len` bytes (a hole) at `rel` in place of the one there, and
@@ -327,10 +349,8 @@ impl CacheStore {
             let st = fstat(fd.as_fd()).ok()?;
             is_ours(&st, false).then(|| File::from(fd))
         };
-        Some(CacheFiles {
-            meta: open(&self.meta)?,
-            data: open(&self.data)?,
-        })
+        let meta = open(&self.meta)?;
+        Some(CacheFiles::new(open(&self.data)?, meta))
     }
 
     /// Saves the listing of a directory, replacing the old one atomically.
@@ -643,6 +663,7 @@ pub fn read_record(
     files: &CacheFiles,
 ) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
     let rec = read_record_unchecked(&files.meta)?;
+    *files.on_disk.lock().unwrap() = rec.as_ref().and_then(|r| r.as_ref().ok()).cloned();
     // A dirty record is discarded anyway (and its data file was being written).
     if let Some(Ok(r)) = rec.as_ref().filter(|r| matches!(r, Ok(r) if !r.dirty)) {
         let now = DataIdentity::of(&fstat(files.data.as_fd())?);
@@ -685,6 +706,9 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
     rec.data = DataIdentity::of(&data);
     let bytes = rec.encode();
     let meta = &files.meta;
+    // Unknown while written: a failed write leaves the file as nobody knows.
+    let mut on_disk = files.on_disk.lock().unwrap();
+    *on_disk = None;
     meta.write_all_at(&bytes, 0)?;
     // Cut only a longer record's tail: a truncation to the same length is no cheaper
     // than a stat on ext4 (and this runs at every write of a record).
@@ -694,7 +718,29 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
     if durable {
         meta.sync_data()?;
     }
+    *on_disk = Some(rec);
     Ok(())
+}
+
+/// `write_record` (not durable), unless the record on disk, as this process last read or
+/// wrote it through `files`, is `rec` but for a last use less than `LAST_USED_GRAIN_MS`
+/// older, and still vouches for the data file as it is. Returns whether it wrote.
+pub fn write_record_unless_same(files: &CacheFiles, rec: &CacheRecord) -> io::Result<bool> {
+    let data = DataIdentity::of(&fstat(files.data.as_fd())?);
+    let same = files.on_disk.lock().unwrap().as_ref().is_some_and(|d| {
+        d.data == data
+            && rec.last_used.saturating_sub(d.last_used) < LAST_USED_GRAIN_MS
+            && CacheRecord {
+                last_used: d.last_used,
+                data,
+                ..rec.clone()
+            } == *d
+    });
+    if same {
+        return Ok(false);
+    }
+    write_record(files, rec, false)?;
+    Ok(true)
 }
 
 /// Whether the first page of `file` is in memory, so that a read of it would not wait for
@@ -853,6 +899,43 @@ mod tests {
         s.rename(Path::new("d/f"), Path::new("e/g"), 0);
         let f = s.open_existing(Path::new("e/g")).unwrap();
         assert!(matches!(read_record(&f), Ok(Some(Ok(_)))));
+    }
+
+    /// A record whose only change is a last use less than `LAST_USED_GRAIN_MS` later is
+    /// not rewritten; any other change, a later use, or a data file changed since, is.
+    #[test]
+    fn a_record_is_not_rewritten_for_a_recent_last_use_alone() {
+        let c = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(&c.path().join("cache")).unwrap();
+        let f = s.open_files(Path::new("d/f")).unwrap();
+        let mut rec = CacheRecord::empty(SourceIdentity::default(), 4);
+        rec.last_used = 1_000_000;
+        write_record(&f, &rec, false).unwrap();
+        let on_disk = |f: &CacheFiles| read_record_unchecked(&f.meta).unwrap().unwrap().unwrap();
+        rec.last_used += LAST_USED_GRAIN_MS - 1;
+        assert!(!write_record_unless_same(&f, &rec).unwrap());
+        assert_eq!(on_disk(&f).last_used, 1_000_000);
+        // The same, read back by another opening of the entry (a load).
+        drop(f);
+        let f = s.open_existing(Path::new("d/f")).unwrap();
+        assert!(matches!(read_record(&f), Ok(Some(Ok(_)))));
+        assert!(!write_record_unless_same(&f, &rec).unwrap());
+        rec.last_used = 1_000_000 + LAST_USED_GRAIN_MS;
+        assert!(write_record_unless_same(&f, &rec).unwrap());
+        assert_eq!(on_disk(&f).last_used, rec.last_used);
+        rec.identity.size = 4;
+        rec.resize(4);
+        assert!(write_record_unless_same(&f, &rec).unwrap());
+        assert_eq!(on_disk(&f).identity.size, 4);
+        // Bytes written to the data file move its ctime: the record vouches anew.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        f.data.write_all_at(b"abcd", 0).unwrap();
+        assert!(write_record_unless_same(&f, &rec).unwrap());
+        assert!(matches!(read_record(&f), Ok(Some(Ok(_)))));
+        // Unknown after the record file was swapped: written.
+        let mut f = f;
+        f.replace_meta(scratch_file().unwrap());
+        assert!(write_record_unless_same(&f, &rec).unwrap());
     }
 
     #[test]

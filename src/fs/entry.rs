@@ -15,7 +15,7 @@ use std::time::Instant;
 use fuser::BackingId;
 
 use crate::cache::record::DataIdentity;
-use crate::cache::store::{CacheFiles, write_record};
+use crate::cache::store::{CacheFiles, write_record, write_record_unless_same};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::Usage;
 use crate::fetch::{FileFetch, SourceFd};
@@ -486,10 +486,10 @@ impl FileState {
     ) -> io::Result<()> {
         let files = (self.files.as_mut()).ok_or(io::Error::from_raw_os_error(libc::EIO))?;
         let scratch = crate::cache::store::scratch_file()?;
-        let meta = std::mem::replace(&mut files.meta, scratch);
+        let meta = files.replace_meta(scratch);
         if let Some((path, rec)) = new_entry {
             let moved = files.data.try_clone().and_then(|data| {
-                let mut entry = CacheFiles { data, meta };
+                let mut entry = CacheFiles::new(data, meta);
                 fresh_data(env, &mut entry, rec, true, Some(path), true)
             });
             if let Err(e) = moved {
@@ -630,6 +630,29 @@ impl FileState {
         self.durably_dirty = false;
         self.uncommitted = false;
         self.changes += 1;
+    }
+
+    /// At the file's last close: as `persist_record`, not durably, but not for a last use
+    /// alone that the record on disk has within `LAST_USED_GRAIN_MS`. Returns false if it
+    /// left the record as it was.
+    pub(super) fn persist_use(&mut self, env: &Env) -> bool {
+        if self.needs_checkpoint() || !self.data_is_ours() {
+            self.persist_record(env, false);
+            return true;
+        }
+        match self
+            .files
+            .as_ref()
+            .map(|f| write_record_unless_same(f, &self.record))
+        {
+            Some(Ok(wrote)) => wrote,
+            Some(Err(_)) => {
+                Stats::add(&env.stats.cache_errors, 1);
+                self.files = None;
+                true
+            }
+            None => true,
+        }
     }
 
     /// Rewrites the record (its identity, last use), stamped with the data file as it is:

@@ -532,7 +532,12 @@ impl CachingFs {
         // longer (the last of them unloads it).
         state.used_now();
         if !state.needs_checkpoint() {
-            state.persist_record(&self.env(), false);
+            if !state.persist_use(&self.env())
+                && let Some(path) = inode.path()
+            {
+                // The cleaner orders by it all the same.
+                self.usage.used(&path, state.record().last_used);
+            }
         } else if self.checkpoint_soon(inode.id, state) {
             // The state stays loaded until its commit, which unloads it.
             return;
