@@ -17,6 +17,7 @@
 //! The root is opened once and every entry above is reached beneath it without following
 //! links, with modes 0600/0700 (`store.rs`; docs/security.md C1-C5).
 
+pub mod files;
 pub mod listing;
 pub mod reaper;
 pub mod record;

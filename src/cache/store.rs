@@ -6,17 +6,20 @@
 //! written through (docs/security.md, C1-C5).
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rustix::fs::OFlags;
 
 use super::listing::{self, DirListing};
 use super::reaper::Reaper;
-use super::record::{CacheRecord, DataIdentity};
+
+pub use super::files::{
+    CacheFiles, LAST_USED_GRAIN_MS, first_page_resident, read_record, read_record_unchecked,
+    scratch_file, write_record, write_record_unless_same,
+};
 pub use super::removals::remove_tree;
 use super::removals::{Removals, Report, Scope, remove_entry, remove_now};
 use super::warm::Warmer;
@@ -59,38 +62,6 @@ pub struct Removed {
     /// The bytes the data file (or whatever was in its place) took on disk.
     pub data_bytes: u64,
 }
-
-/// The two open files of one cached source file.
-#[derive(Debug)]
-pub struct CacheFiles {
-    pub data: File,
-    pub meta: File,
-    /// The record as this process last read it from `meta` or wrote it there
-    /// (`write_record_unless_same`).
-    on_disk: Mutex<Option<CacheRecord>>,
-}
-
-impl CacheFiles {
-    pub fn new(data: File, meta: File) -> CacheFiles {
-        CacheFiles {
-            data,
-            meta,
-            on_disk: Mutex::new(None),
-        }
-    }
-
-    /// Puts `meta` in place of the record file and returns the old one.
-    pub fn replace_meta(&mut self, meta: File) -> File {
-        *self.on_disk.get_mut().unwrap() = None;
-        std::mem::replace(&mut self.meta, meta)
-    }
-}
-
-/// How much older than a file's last use the one in its record on disk may be before the
-/// file's last close rewrites the record for it alone: the cleaner's order needs no finer
-/// time, and a file opened again and again (a header in a build) would otherwise rewrite
-/// its record at each close, and so would every file of a read-only pass over a cache.
-pub const LAST_USED_GRAIN_MS: u64 = 60_000;
 
 /// The cache's record and data trees, for the cleaner's scans.
 #[derive(Clone, Debug)]
@@ -655,112 +626,6 @@ pub fn replace_file(tree: &BeneathRoot, rel: &Path, bytes: &[u8]) -> io::Result<
     Ok(())
 }
 
-/// Reads and checks a record. `Ok(None)` for an empty file (new entry); an error for a
-/// record that is torn, corrupt or of another format, or whose data file is no longer the
-/// one it was written for (edited, replaced or truncated behind hoardfs's back): the caller
-/// discards the cache entry.
-pub fn read_record(
-    files: &CacheFiles,
-) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
-    let rec = read_record_unchecked(&files.meta)?;
-    *files.on_disk.lock().unwrap() = rec.as_ref().and_then(|r| r.as_ref().ok()).cloned();
-    // A dirty record is discarded anyway (and its data file was being written).
-    if let Some(Ok(r)) = rec.as_ref().filter(|r| matches!(r, Ok(r) if !r.dirty)) {
-        let now = DataIdentity::of(&fstat(files.data.as_fd())?);
-        if now.ino != r.data.ino {
-            return Ok(Some(Err(super::record::RecordError::OtherDataFile)));
-        }
-        if now != r.data {
-            return Ok(Some(Err(super::record::RecordError::DataChanged)));
-        }
-    }
-    Ok(rec)
-}
-
-/// Reads and decodes a record without looking at its data file.
-pub fn read_record_unchecked(
-    meta: &File,
-) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
-    let mut buf = Vec::new();
-    let mut f = meta;
-    f.seek(SeekFrom::Start(0))?;
-    f.read_to_end(&mut buf)?;
-    if buf.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(CacheRecord::decode(&buf)))
-}
-
-/// Overwrites the record in place; with `durable` it is on disk when this returns. A torn
-/// in-place write is caught by the record's checksum. The record is stamped with the data
-/// file's current identity: call it after every change hoardfs makes to the data file that
-/// the record should vouch for.
-pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io::Result<()> {
-    let data = fstat(files.data.as_fd())?;
-    if data.nlink == 0 {
-        // The data file was replaced (a new version renamed over it, `replace_data`) or
-        // removed: the entry is not this record's any more, and another state may own it.
-        return Ok(());
-    }
-    let mut rec = rec.clone();
-    rec.data = DataIdentity::of(&data);
-    let bytes = rec.encode();
-    let meta = &files.meta;
-    // Unknown while written: a failed write leaves the file as nobody knows.
-    let mut on_disk = files.on_disk.lock().unwrap();
-    *on_disk = None;
-    meta.write_all_at(&bytes, 0)?;
-    // Cut only a longer record's tail: a truncation to the same length is no cheaper
-    // than a stat on ext4 (and this runs at every write of a record).
-    if fstat(meta.as_fd())?.size > bytes.len() as u64 {
-        meta.set_len(bytes.len() as u64)?;
-    }
-    if durable {
-        meta.sync_data()?;
-    }
-    *on_disk = Some(rec);
-    Ok(())
-}
-
-/// `write_record` (not durable), unless the record on disk, as this process last read or
-/// wrote it through `files`, is `rec` but for a last use less than `LAST_USED_GRAIN_MS`
-/// older, and still vouches for the data file as it is. Returns whether it wrote.
-pub fn write_record_unless_same(files: &CacheFiles, rec: &CacheRecord) -> io::Result<bool> {
-    let data = DataIdentity::of(&fstat(files.data.as_fd())?);
-    let same = files.on_disk.lock().unwrap().as_ref().is_some_and(|d| {
-        d.data == data
-            && rec.last_used.saturating_sub(d.last_used) < LAST_USED_GRAIN_MS
-            && CacheRecord {
-                last_used: d.last_used,
-                data,
-                ..rec.clone()
-            } == *d
-    });
-    if same {
-        return Ok(false);
-    }
-    write_record(files, rec, false)?;
-    Ok(true)
-}
-
-/// Whether the first page of `file` is in memory, so that a read of it would not wait for
-/// the disk: a one-byte `preadv2` with `RWF_NOWAIT`, which fails (`EAGAIN`) rather than
-/// wait. An empty file counts as in memory; a file system that cannot tell, as not.
-pub fn first_page_resident(file: &File) -> bool {
-    let mut byte = [0u8; 1];
-    let mut bufs = [std::io::IoSliceMut::new(&mut byte)];
-    rustix::io::preadv2(file, &mut bufs, 0, rustix::io::ReadWriteFlags::NOWAIT).is_ok()
-}
-
-/// A file that belongs to no path: the record file of a cache state that no longer owns its
-/// entry (an open file that keeps an old version), so that whatever that state writes to
-/// its record vouches for nothing on disk.
-pub fn scratch_file() -> io::Result<File> {
-    let fd = unsafe { libc::memfd_create(c"hoardfs-retired".as_ptr(), libc::MFD_CLOEXEC) };
-    let fd = cvt(fd)?;
-    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
-}
-
 /// `mkdir -p` beneath `tree`, replacing any non-directory in the way (it is stale cache).
 fn mkdir_p(tree: &BeneathRoot, rel: &Path) -> io::Result<()> {
     // Nearly always there already: one lookup (beneath the root, no symlink followed)
@@ -820,7 +685,7 @@ fn mkdir_up(tree: &BeneathRoot, rel: &Path) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::record::SourceIdentity;
+    use crate::cache::record::{CacheRecord, SourceIdentity};
     use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 
     #[test]
