@@ -303,7 +303,18 @@ struct DirOrder {
 #[derive(Debug, Default)]
 pub struct DirPrefetch {
     dirs: Mutex<(HashMap<PathBuf, DirOrder>, u64)>,
+    /// When an open last found a cached file out of memory (`Found::ColdHit`), or opened
+    /// one in a pass that reads ahead since such a hit.
+    cold_hit_at: Mutex<Option<std::time::Instant>>,
 }
+
+/// A directory listed within this long of such an open has its first files' cache entries
+/// read ahead at once: a walk reading a cold cache goes on into the next directory, whose
+/// first opens would otherwise wait for the disk one by one. Short, so that a walk that
+/// only lists (a stat walk after a read) reads nothing ahead for long.
+const COLD_SPELL: std::time::Duration = std::time::Duration::from_millis(50);
+/// How many first files that is.
+const WARM_FIRST: usize = 4;
 
 /// What an open found in the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -330,15 +341,21 @@ pub struct DirOpen {
 }
 
 impl DirPrefetch {
-    /// opendir read `dir`: the order of its regular files, `names`.
-    pub fn listed(&self, dir: &Path, names: impl Iterator<Item = OsString>) {
+    /// opendir read `dir`: the order of its regular files, `names`. Returns the files
+    /// whose cache entries to read ahead: the first few, during a cold spell.
+    pub fn listed(&self, dir: &Path, names: impl Iterator<Item = OsString>) -> Vec<PathBuf> {
         let names: Vec<OsString> = names.take(DIR_FILES_MAX + 1).collect();
+        let cold = self
+            .cold_hit_at
+            .lock()
+            .unwrap()
+            .is_some_and(|t| t.elapsed() < COLD_SPELL);
         let mut g = self.dirs.lock().unwrap();
         let (dirs, clock) = &mut *g;
         *clock += 1;
         if names.len() > DIR_FILES_MAX || names.is_empty() {
             dirs.remove(dir);
-            return;
+            return Vec::new();
         }
         // Listed again with the same files (a second reader, or a re-open): the cursor
         // stays.
@@ -346,8 +363,10 @@ impl DirPrefetch {
             && d.names == names
         {
             d.used = *clock;
-            return;
+            return Vec::new();
         }
+        let first = if cold { names.len().min(WARM_FIRST) } else { 0 };
+        let warm = names[..first].iter().map(|n| dir.join(n)).collect();
         if dirs.len() >= DIRS_KEPT && !dirs.contains_key(dir) {
             let oldest = dirs
                 .iter()
@@ -374,12 +393,13 @@ impl DirPrefetch {
                 run: 0,
                 window: 0,
                 ahead: 0,
-                warmed: 0,
-                warming: false,
+                warmed: first,
+                warming: cold,
                 started: HashSet::new(),
                 used: *clock,
             },
         );
+        warm
     }
 
     /// An open of `dir/name` for reading, which `found` the file so in the cache. Follows
@@ -408,8 +428,11 @@ impl DirPrefetch {
             d.run = 2;
             d.window = 0;
             d.ahead = 1;
-            d.warmed = 1;
-            d.warming = false;
+            if last != NO_POS {
+                // A new pass over the directory: whether it reads ahead is its own.
+                d.warmed = 1;
+                d.warming = false;
+            }
         } else if last != NO_POS && (pos as u64) > last && pos as u64 <= last + 1 + max as u64 {
             // The next file, or one a little further (a reader skipping some).
             d.run = d.run.saturating_add(1);
@@ -427,6 +450,9 @@ impl DirPrefetch {
         }
         d.window = d.window.min(max);
         d.warming |= found == Found::ColdHit;
+        if d.warming && !miss {
+            *self.cold_hit_at.lock().unwrap() = Some(std::time::Instant::now());
+        }
         d.cursor.at.store(pos as u64, Relaxed);
         if d.run < 2 || max == 0 {
             return out;
@@ -558,6 +584,36 @@ mod tests {
             warmed(&d, 32, Found::ColdHit).first().map(|s| s.as_str()),
             Some("d/f33")
         );
+    }
+
+    /// During a cold spell (a cold hit less than `COLD_SPELL` ago) a directory listed for
+    /// the first time has its first files read ahead at once, and its pass goes on
+    /// warming; outside one, a listing reads nothing ahead.
+    #[test]
+    fn a_directory_listed_in_a_cold_spell_has_its_first_entries_read_ahead() {
+        let d = DirPrefetch::default();
+        assert!(d.listed(Path::new("d"), names(40)).is_empty());
+        assert!(warmed(&d, 0, Found::Hit).is_empty());
+        assert_eq!(
+            warmed(&d, 1, Found::ColdHit),
+            ["d/f2", "d/f3", "d/f4", "d/f5"]
+        );
+        let first = d.listed(Path::new("e"), names(10));
+        assert_eq!(first, ["e/f0", "e/f1", "e/f2", "e/f3"].map(PathBuf::from));
+        // Listed again with the same files: nothing more.
+        assert!(d.listed(Path::new("e"), names(10)).is_empty());
+        // Its pass warms on past what the listing read, though its opens hit memory.
+        let o = d.opened(Path::new("e"), OsStr::new("f0"), Found::Hit, 16);
+        assert!(
+            o.warm.is_empty(),
+            "the window (2) is within what the listing read"
+        );
+        let o = d.opened(Path::new("e"), OsStr::new("f1"), Found::Hit, 16);
+        assert_eq!(o.warm, ["e/f4", "e/f5"].map(PathBuf::from));
+        // After the spell, a new directory's listing reads nothing ahead.
+        *d.cold_hit_at.lock().unwrap() =
+            Some(std::time::Instant::now() - COLD_SPELL - std::time::Duration::from_millis(1));
+        assert!(d.listed(Path::new("g"), names(10)).is_empty());
     }
 
     #[test]

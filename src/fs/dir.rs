@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use fuser::{Errno, FileAttr, FileType};
 
 use super::{CachingFs, DirList, ListEntry, Listing, Result, attr_of, child, errno, kind_of};
+use crate::stats::Stats;
 
 impl CachingFs {
     pub fn opendir(&self, id: u64) -> Result<u64> {
@@ -82,9 +83,14 @@ impl CachingFs {
         // The order its files will be read in by a walk (`fetch::DirPrefetch`).
         if self.fetcher.tun.dir_prefetch.load(Ordering::Relaxed) > 0 {
             let files = list.iter().filter(|e| e.kind == FileType::RegularFile);
-            self.fetcher
+            let warm = self
+                .fetcher
                 .dirs
                 .listed(&path, files.map(|e| e.name.clone()));
+            if !warm.is_empty() {
+                Stats::add(&self.stats.cache.dir_warm_ahead, warm.len() as u64);
+                self.cache.warm_ahead(warm);
+            }
         }
         Ok(DirList {
             dir_id: id,
