@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use fuser::{Errno, FileAttr, FileType};
 
 use super::{CachingFs, DirList, ListEntry, Listing, Result, attr_of, child, errno, kind_of};
-use crate::stats::Stats;
 
 impl CachingFs {
     pub fn opendir(&self, id: u64) -> Result<u64> {
@@ -87,10 +86,7 @@ impl CachingFs {
                 .fetcher
                 .dirs
                 .listed(&path, files.map(|e| e.name.clone()));
-            if !warm.is_empty() {
-                Stats::add(&self.stats.cache.dir_warm_ahead, warm.len() as u64);
-                self.cache.warm_ahead(warm);
-            }
+            self.warm_ahead(warm);
         }
         Ok(DirList {
             dir_id: id,

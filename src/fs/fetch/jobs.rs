@@ -30,10 +30,7 @@ impl CachingFs {
         if opened.hit {
             Stats::add(&c.dir_prefetch_hits, 1);
         }
-        if !opened.warm.is_empty() {
-            Stats::add(&c.dir_warm_ahead, opened.warm.len() as u64);
-            self.cache.warm_ahead(std::mem::take(&mut opened.warm));
-        }
+        self.warm_ahead(std::mem::take(&mut opened.warm));
         let Some((cursor, generation)) = opened.cursor else {
             return;
         };
@@ -57,6 +54,14 @@ impl CachingFs {
                 Stats::add(&c.dir_prefetch_dropped, 1);
                 break;
             }
+        }
+    }
+
+    /// Has the cache entries of `paths` read into memory ahead of their opens, counted.
+    pub(in crate::fs) fn warm_ahead(&self, paths: Vec<std::path::PathBuf>) {
+        if !paths.is_empty() {
+            Stats::add(&self.stats.cache.dir_warm_ahead, paths.len() as u64);
+            self.cache.warm_ahead(paths);
         }
     }
 
