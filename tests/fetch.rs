@@ -479,3 +479,106 @@ fn a_cached_directory_read_in_order_from_disk_has_the_next_entries_read_ahead() 
     let warmed = t.stats().cache.dir_warm_ahead;
     assert!(warmed >= 20, "{warmed} entries read ahead of 30 files");
 }
+
+/// The read-ahead raced: passes over a directory whose cache files are on disk only, while
+/// a writer replaces files on the source (renamed over), a lister lists the directory and
+/// a handle held open reads on. Every read is a version the file had, every listing has
+/// every name, and once the writer stops the files read as the source has them.
+#[test]
+fn reading_ahead_races_replacements_a_lister_and_a_held_handle() {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let t = TestMount::new(&[]);
+    let files = small_files(&t, "d", 30);
+    let order = listing(&t, "d");
+    let versions: Arc<Mutex<HashMap<String, Vec<Vec<u8>>>>> = Arc::new(Mutex::new(
+        files
+            .iter()
+            .map(|(n, d)| (n.clone(), vec![d.clone()]))
+            .collect(),
+    ));
+    let is_version =
+        |name: &str, got: &[u8]| versions.lock().unwrap()[name].iter().any(|v| v == got);
+    for name in &order {
+        assert!(is_version(
+            name,
+            &fs::read(t.m(&format!("d/{name}"))).unwrap()
+        ));
+    }
+    t.wait_released();
+    let held_name = order[0].clone();
+    let mut held = fs::File::open(t.m(&format!("d/{held_name}"))).unwrap();
+    for round in 0..40u64 {
+        for name in &order {
+            let rel = format!("d/{name}");
+            if cached_whole(&t, &rel) {
+                evict_cache_pages(&t, &rel);
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (stop, versions, src) = (stop.clone(), versions.clone(), t.s("d"));
+            let order = order.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let name = &order[(i * 7 + round) as usize % order.len()];
+                    let data = pattern(2500 + (i as usize % 9) * 311, 10_000 + round * 1000 + i);
+                    // Known as a version before any reader can see it.
+                    versions
+                        .lock()
+                        .unwrap()
+                        .get_mut(name)
+                        .unwrap()
+                        .push(data.clone());
+                    let tmp = src.join(format!(".tmp{i}"));
+                    fs::write(&tmp, &data).unwrap();
+                    fs::rename(&tmp, src.join(name)).unwrap();
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(3));
+                }
+            })
+        };
+        let lister = {
+            let (stop, dir, n) = (stop.clone(), t.m("d"), order.len());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let names: Vec<String> = fs::read_dir(&dir)
+                        .unwrap()
+                        .map(|e| e.unwrap().file_name().into_string().unwrap())
+                        .filter(|n| !n.starts_with(".tmp"))
+                        .collect();
+                    assert_eq!(names.len(), n, "a listing misses a name: {names:?}");
+                }
+            })
+        };
+        for name in &order {
+            let got = fs::read(t.m(&format!("d/{name}"))).unwrap();
+            assert!(
+                is_version(name, &got),
+                "round {round}: d/{name} read bytes it never held"
+            );
+            let mut buf = Vec::new();
+            held.seek(SeekFrom::Start(0)).unwrap();
+            held.read_to_end(&mut buf).unwrap();
+            assert!(
+                is_version(&held_name, &buf),
+                "round {round}: the held handle"
+            );
+        }
+        stop.store(true, Ordering::SeqCst);
+        writer.join().unwrap();
+        lister.join().unwrap();
+    }
+    drop(held);
+    assert!(t.stats().cache.dir_warm_ahead > 0, "nothing was read ahead");
+    for name in &order {
+        let rel = format!("d/{name}");
+        wait_until(
+            Duration::from_secs(10),
+            &format!("{rel} as the source has it"),
+            || fs::read(t.m(&rel)).unwrap() == fs::read(t.s(&rel)).unwrap(),
+        );
+    }
+}
