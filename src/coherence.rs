@@ -77,6 +77,8 @@ pub struct Counters {
     pub callbacks_broken: AtomicU64,
     /// Opens and `getattr`s answered by a callback, without asking the source.
     pub callback_hits: AtomicU64,
+    /// Opendirs answered by a directory's listing held under callback (`ListingCallback`).
+    pub listing_hits: AtomicU64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -104,6 +106,9 @@ pub struct CoherenceSnapshot {
     pub callbacks_granted: u64,
     pub callbacks_broken: u64,
     pub callback_hits: u64,
+    /// Opendirs that read nothing from the source: the directory's listing, taken while
+    /// its watch stood, had no event since (`ListingCallback`).
+    pub listing_hits: u64,
     pub watched_files: u64,
     /// Kernel TTLs in ms; `None`: automatic (long where watched, short elsewhere).
     pub entry_ttl_ms: Option<u64>,
@@ -314,6 +319,40 @@ impl Coherence {
         })
     }
 
+    /// A directory's listing `entries`, read after `mark` (`callback_mark` of the
+    /// directory itself: its own watch reports the changes of its names); `at`: just
+    /// before the read.
+    pub fn listing_callback(
+        &self,
+        mark: CallbackMark,
+        entries: Arc<[crate::source::DirEntry]>,
+        fd: Option<Arc<OwnedFd>>,
+        at: Instant,
+    ) -> ListingCallback {
+        ListingCallback {
+            entries,
+            fd,
+            mark,
+            at,
+        }
+    }
+
+    /// Whether directory `dir`'s held listing `cb` still stands for the source now: its
+    /// watch is the one it was read under, no event waits (a change of a name completed
+    /// before this call has broken it), and it is younger than the watched TTL. Counted.
+    pub fn listing_holds(&self, cb: &ListingCallback, dir: u64) -> bool {
+        let Some(w) = &self.watcher else {
+            return false;
+        };
+        let holds = self.callback_mark(dir).is_some_and(|m| m == cb.mark)
+            && cb.at.elapsed() < self.tunables.attr(true)
+            && w.quiet();
+        if holds {
+            self.counters.listing_hits.fetch_add(1, Relaxed);
+        }
+        holds
+    }
+
     pub fn snapshot(&self) -> CoherenceSnapshot {
         let c = &self.counters;
         let mut s = CoherenceSnapshot {
@@ -331,6 +370,7 @@ impl Coherence {
             callbacks_granted: c.callbacks_granted.load(Relaxed),
             callbacks_broken: c.callbacks_broken.load(Relaxed),
             callback_hits: c.callback_hits.load(Relaxed),
+            listing_hits: c.listing_hits.load(Relaxed),
             watched_files: self.watcher.as_ref().map_or(0, |w| w.files() as u64),
             ..Default::default()
         };
@@ -364,6 +404,23 @@ pub struct Callback {
     file_wd: i32,
     /// When it was granted: it lapses after the watched attribute TTL even without an
     /// event (what inotify does not report: writes through shared mappings).
+    at: Instant,
+}
+
+/// A directory's listing that stands until the watcher breaks it (a name in it created,
+/// removed or renamed, or a change of the directory itself: `fs/changes.rs`), a watch it
+/// relies on goes, or the watched TTL passes, like a file's `Callback`. While it stands an
+/// opendir reads nothing from the source: hot walks and `git status` open every directory,
+/// and the kernel mostly answers their reads from its own cache of the listing. Held by
+/// the directory's entry in the inode table. The mount's own changes of names end it too
+/// (`fs/offline.rs`, `listing_changed`).
+#[derive(Clone, Debug)]
+pub struct ListingCallback {
+    /// The names in the directory, as `read_dir` gave them.
+    pub entries: Arc<[crate::source::DirEntry]>,
+    /// The directory open `O_PATH` when it was read (what an open directory handle keeps).
+    pub fd: Option<Arc<OwnedFd>>,
+    mark: CallbackMark,
     at: Instant,
 }
 

@@ -175,8 +175,9 @@ pub struct Opened {
 pub struct DirList {
     pub dir_id: u64,
     pub path: PathBuf,
-    /// `O_PATH` descriptor of the directory (none on an object store).
-    fd: Option<OwnedFd>,
+    /// `O_PATH` descriptor of the directory (none on an object store), shared with the
+    /// listing the directory holds.
+    fd: Option<Arc<OwnedFd>>,
     pub entries: Vec<ListEntry>,
     /// The namespace generation (`offline::Listed`) before the listing was read.
     generation: u64,

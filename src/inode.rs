@@ -47,7 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::coherence::Callback;
+use crate::coherence::{Callback, ListingCallback};
 use crate::source::Stat;
 use crate::stats::InodeSnapshot;
 use crate::sync::{Mutex, MutexGuard};
@@ -144,12 +144,20 @@ pub struct Inode<F> {
     /// A request through a kernel open (`fs/kernel_opens.rs`) was served: the kernel may
     /// hold pages of the file that no open of ours decided on.
     served_kernel_open: AtomicBool,
-    /// A look at the source file that stands until the watcher breaks it
-    /// (`coherence::Callback`), and the breaks so far: a look taken before a break is
-    /// never installed after it (`grant_callback`).
+    /// A look at the source that stands until the watcher breaks it (a file's
+    /// `coherence::Callback`, a directory's `ListingCallback`), and the breaks so far: a
+    /// look taken before a break is never installed after it (`grant_callback`).
     /// Boxed, as most entries never hold one (an entry's size is the table's memory).
-    callback: Mutex<Option<Box<Callback>>>,
+    callback: Mutex<Option<Box<Held>>>,
     breaks: AtomicU64,
+}
+
+/// What an entry's callback slot holds: a file's look at the source, or a directory's
+/// listing.
+#[derive(Clone, Debug)]
+enum Held {
+    File(Callback),
+    Listing(ListingCallback),
 }
 
 /// Node ids by name, so that a batch of watcher events finds the entries known by its
@@ -212,7 +220,19 @@ impl<F> Inode<F> {
     /// The callback the file holds, if any (whether it still stands is the watcher's to
     /// say: `Coherence::callback_holds`).
     pub fn callback(&self) -> Option<Callback> {
-        self.callback.lock().unwrap().as_deref().cloned()
+        match self.callback.lock().unwrap().as_deref() {
+            Some(Held::File(cb)) => Some(cb.clone()),
+            _ => None,
+        }
+    }
+
+    /// The listing the directory holds, if any (`Coherence::listing_holds` says whether
+    /// it still stands).
+    pub fn listing(&self) -> Option<ListingCallback> {
+        match self.callback.lock().unwrap().as_deref() {
+            Some(Held::Listing(cb)) => Some(cb.clone()),
+            _ => None,
+        }
     }
 
     /// The breaks so far: taken before a look at the source that may become a callback.
@@ -223,20 +243,31 @@ impl<F> Inode<F> {
     /// Installs `cb`, made from a look at the source taken when the breaks were `breaks`;
     /// refused (false) if one came since: the look may predate the change that broke it.
     pub fn grant_callback(&self, cb: Callback, breaks: u64) -> bool {
+        self.hold(Held::File(cb), breaks)
+    }
+
+    /// Installs directory listing `cb`, read when the breaks were `breaks`; refused
+    /// (false) if one came since.
+    pub fn grant_listing(&self, cb: ListingCallback, breaks: u64) -> bool {
+        self.hold(Held::Listing(cb), breaks)
+    }
+
+    fn hold(&self, held: Held, breaks: u64) -> bool {
         let mut slot = self.callback.lock().unwrap();
         if self.breaks.load(Ordering::SeqCst) != breaks {
             return false;
         }
-        *slot = Some(Box::new(cb));
+        *slot = Some(Box::new(held));
         true
     }
 
-    /// The watcher saw the file or its name change: the callback (if any) is gone, and no
-    /// look taken before now becomes one. Whether there was one.
+    /// The watcher saw the file or its name change (a directory: one of its names): the
+    /// callback or listing (if any) is gone, and no look taken before now becomes one.
+    /// Whether a file's callback was.
     pub fn break_callback(&self) -> bool {
         let mut slot = self.callback.lock().unwrap();
         self.breaks.fetch_add(1, Ordering::SeqCst);
-        slot.take().is_some()
+        matches!(slot.take().as_deref(), Some(Held::File(_)))
     }
 
     /// The file's cached content moved to a new version: the kernel's pages of it are

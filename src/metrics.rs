@@ -520,6 +520,12 @@ fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Res
             h.callback_hits,
         ),
         (
+            "hoardfs_listing_hits_total",
+            Counter,
+            "Opendirs answered by a listing held under callback, without reading the source.",
+            h.listing_hits,
+        ),
+        (
             "hoardfs_watched_files",
             Gauge,
             "Source files watched themselves (they hold callbacks).",

@@ -452,6 +452,7 @@ impl Snapshot {
             ("callbacks_granted", h.callbacks_granted),
             ("callbacks_broken", h.callbacks_broken),
             ("callback_hits", h.callback_hits),
+            ("listing_hits", h.listing_hits),
             ("watched_files", h.watched_files),
         ] {
             let _ = writeln!(s, "  {name:<20} {n:>12}");

@@ -596,3 +596,126 @@ fn hoardfs_set(t: &TestMount, kv: &str) {
         .unwrap();
     assert!(out.status.success(), "hoardfs set {kv}: {out:?}");
 }
+
+/// A directory's listing held under callback answers its opendirs (the source is not read)
+/// until a change of one of its names: behind the mount (create, unlink, rename within,
+/// into and out of it) the listing shows the change once the watcher has handled it, as
+/// the README states for listings; through the mount at once. Without the breaks, the
+/// held listing would be served for the watched TTL (60 s).
+#[test]
+fn held_listings_answer_opendirs_until_a_change_of_a_name_breaks_them() {
+    let t = TestMount::new(&[]);
+    let (d, e) = (t.s("d"), t.s("e"));
+    fs::create_dir(&d).unwrap();
+    fs::create_dir(&e).unwrap();
+    fs::write(d.join("f0"), b"x").unwrap();
+    let hits = |t: &TestMount| t.stats().coherence.listing_hits;
+    for round in 0..24u32 {
+        wait_until(
+            Duration::from_secs(5),
+            "an opendir answered by the held listing",
+            || {
+                let before = hits(&t);
+                assert_eq!(names(&t.m("d")), names(&d));
+                hits(&t) > before
+            },
+        );
+        let first = names(&d).into_iter().next().unwrap();
+        match round % 6 {
+            0 => fs::write(d.join(format!("n{round}")), b"x").unwrap(),
+            1 => {
+                fs::write(d.join(format!("gone{round}")), b"x").unwrap();
+                wait_until(ONE_SECOND * 2, "the new name listed", || {
+                    names(&t.m("d")) == names(&d)
+                });
+                fs::remove_file(d.join(format!("gone{round}"))).unwrap();
+            }
+            2 => fs::rename(d.join(&first), d.join(format!("r{round}"))).unwrap(),
+            3 => {
+                fs::write(e.join("in"), b"x").unwrap();
+                fs::rename(e.join("in"), d.join(format!("in{round}"))).unwrap();
+            }
+            4 => fs::rename(d.join(&first), e.join(format!("out{round}"))).unwrap(),
+            _ => {
+                // Through the mount: the next listing shows it, with no wait.
+                fs::write(t.m(&format!("d/m{round}")), b"x").unwrap();
+                assert_eq!(names(&t.m("d")), names(&d), "round {round}");
+                continue;
+            }
+        }
+        // At once (the event not handled yet: the opendir reads the source), or once the
+        // watcher has handled it (the held listing must be broken by then).
+        if round % 12 >= 6 {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        wait_until(
+            ONE_SECOND * 2,
+            &format!("round {round}: the change listed"),
+            || names(&t.m("d")) == names(&d),
+        );
+    }
+}
+
+/// Listers open a directory over and over while its names change behind the mount as
+/// fast as they can: a listing read before a change must never be held after the
+/// change's event was handled. Once the changes stop, the listing settles on the source's
+/// within the watcher's delay and stays there, also after one last change that no lister
+/// read.
+#[test]
+fn held_listings_settle_on_the_source_under_changes_racing_listers() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let t = TestMount::new(&[]);
+    let d = t.s("r");
+    fs::create_dir(&d).unwrap();
+    let hits_before = t.stats().coherence.listing_hits;
+    for round in 0..6u32 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let listers: Vec<_> = (0..2)
+            .map(|_| {
+                let (m, stop) = (t.m("r"), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Relaxed) {
+                        let _ = fs::read_dir(&m).map(|rd| rd.count());
+                    }
+                })
+            })
+            .collect();
+        for i in 0..400u32 {
+            let (a, b) = (
+                d.join(format!("a{}", i % 17)),
+                d.join(format!("b{}", i % 13)),
+            );
+            match (i + round) % 3 {
+                0 => fs::write(&a, b"x").unwrap(),
+                1 => {
+                    let _ = fs::rename(&a, &b);
+                }
+                _ => {
+                    let _ = fs::remove_file(&b);
+                }
+            }
+        }
+        stop.store(true, Relaxed);
+        for l in listers {
+            l.join().unwrap();
+        }
+        // One more change with no lister after it, and time for the watcher to handle it:
+        // the listing held from before it must be gone.
+        fs::write(d.join(format!("last{round}")), b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        wait_until(
+            ONE_SECOND * 3,
+            &format!("round {round}: the listing settles on the source's"),
+            || names(&t.m("r")) == names(&d),
+        );
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(30));
+            assert_eq!(names(&t.m("r")), names(&d), "round {round}: and stays");
+        }
+    }
+    assert!(
+        t.stats().coherence.listing_hits > hits_before,
+        "the listers' opendirs were answered by held listings"
+    );
+}

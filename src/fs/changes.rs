@@ -33,6 +33,15 @@ impl CachingFs {
         for dir in &batch.dirs {
             self.coherence.notify(Notice::Inode(*dir));
         }
+        // A directory whose names changed, or that changed itself, holds its listing no
+        // longer (`coherence::ListingCallback`). Before anything else: the handling of a
+        // batch ends (and the watcher turns `quiet`) only after this.
+        let named = batch.names.iter().filter(|nc| nc.change.namespace);
+        for dir in batch.dirs.iter().chain(named.map(|nc| &nc.dir)) {
+            if let Some(inode) = self.inodes.get(*dir) {
+                inode.break_callback();
+            }
+        }
         // Files watched themselves for their callbacks, changed by whatever name (a hard
         // link made or written elsewhere): the kernel's attributes go too.
         for &id in &batch.files {

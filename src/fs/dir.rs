@@ -7,10 +7,14 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use fuser::{Errno, FileAttr, FileType};
 
-use super::{CachingFs, DirList, ListEntry, Listing, Result, attr_of, child, errno, kind_of};
+use super::{
+    CachingFs, DirList, Inode, ListEntry, Listing, Result, attr_of, child, errno, kind_of,
+};
+use crate::source::DirEntry;
 
 impl CachingFs {
     pub fn opendir(&self, id: u64) -> Result<u64> {
@@ -34,29 +38,20 @@ impl CachingFs {
         }
     }
 
-    /// Reads directory `id` at `path` from the source for an open directory handle.
+    /// Reads directory `id` at `path` from the source for an open directory handle, or
+    /// takes the listing it holds under callback while that stands (nothing of its names
+    /// changed since, on the source or through the mount).
     fn list_dir_online(&self, id: u64, path: &Path) -> Result<DirList> {
         let generation = self.namespace_generation();
         let path = path.to_path_buf();
-        // Kept for fstat of the open directory once its name is gone.
-        let fd = if !self.caps().descriptors {
-            None
-        } else {
-            let fd = self
-                .source
-                .openat(
-                    &path,
-                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
-                    0,
-                )
-                .map_err(errno)?;
-            self.coherence.watch_dir(id, || {
-                crate::source::dup_file(fd.as_fd()).ok().map(OwnedFd::from)
-            });
-            Some(fd)
+        let inode = self.inode(id)?;
+        let held = inode
+            .listing()
+            .filter(|cb| self.coherence.listing_holds(cb, id));
+        let (entries, fd) = match held {
+            Some(cb) => (cb.entries, cb.fd),
+            None => self.read_listing(&inode, &path)?,
         };
-        let entries = self.source.read_dir(&path).map_err(errno)?;
-        self.save_listing(&path, &entries);
         let mut list = Vec::with_capacity(entries.len() + 2);
         list.push(ListEntry {
             ino: id,
@@ -68,7 +63,7 @@ impl CachingFs {
             kind: FileType::Directory,
             name: "..".into(),
         });
-        for e in entries {
+        for e in entries.iter() {
             list.push(ListEntry {
                 ino: e.ino,
                 kind: if e.file_type == 0 {
@@ -76,7 +71,7 @@ impl CachingFs {
                 } else {
                     kind_of(e.file_type)
                 },
-                name: e.name,
+                name: e.name.clone(),
             });
         }
         // The order its files will be read in by a walk (`fetch::DirPrefetch`).
@@ -95,6 +90,50 @@ impl CachingFs {
             entries: list,
             generation,
         })
+    }
+
+    /// Reads directory `inode` at `path` from the source (and saves the listing for
+    /// offline use). Where the watcher covers the directory, the listing is held under
+    /// callback for the opendirs after it.
+    #[allow(clippy::type_complexity)]
+    fn read_listing(
+        &self,
+        inode: &Inode,
+        path: &Path,
+    ) -> Result<(Arc<[DirEntry]>, Option<Arc<OwnedFd>>)> {
+        let id = inode.id;
+        // Kept for fstat of the open directory once its name is gone.
+        let fd = if !self.caps().descriptors {
+            None
+        } else {
+            let fd = self
+                .source
+                .openat(
+                    path,
+                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+                    0,
+                )
+                .map_err(errno)?;
+            self.coherence.watch_dir(id, || {
+                crate::source::dup_file(fd.as_fd()).ok().map(OwnedFd::from)
+            });
+            Some(Arc::new(fd))
+        };
+        // Taken once the directory is watched and before its read: a change of a name
+        // after this either shows in the read or breaks the listing (an event, handled in
+        // `changes.rs`; a change through the mount, `listing_changed`).
+        let mark = self.coherence.callback_mark(id);
+        let breaks = inode.callback_breaks();
+        let at = Instant::now();
+        let entries: Arc<[DirEntry]> = self.source.read_dir(path).map_err(errno)?.into();
+        self.save_listing(path, &entries);
+        if let Some(mark) = mark {
+            let cb = self
+                .coherence
+                .listing_callback(mark, entries.clone(), fd.clone(), at);
+            inode.grant_listing(cb, breaks);
+        }
+        Ok((entries, fd))
     }
 
     /// Attributes for a readdirplus batch. Each entry returned with `Some` counts as one

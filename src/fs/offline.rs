@@ -194,9 +194,14 @@ impl CachingFs {
     }
 
     /// The directory `dir` changed through the mount: its saved listing is out of date and
-    /// is taken again shortly. Until then it keeps answering offline as last seen (dropping
+    /// is taken again shortly, and the listing it holds in memory is dropped. Until then it keeps answering offline as last seen (dropping
     /// it would make the directory and every cached file in it `EIO` offline).
     pub(super) fn listing_changed(&self, dir: &Path) {
+        // Its listing held under callback goes, and none read before now is held.
+        let named = std::collections::HashSet::from([dir.to_path_buf()]);
+        for (_, inode) in self.inodes.holders_of(&named) {
+            inode.break_callback();
+        }
         let mut listed = self.listed.lock().unwrap();
         listed.taken.remove(dir);
         listed.loaded.remove(dir);
