@@ -303,8 +303,8 @@ struct DirOrder {
 #[derive(Debug, Default)]
 pub struct DirPrefetch {
     dirs: Mutex<(HashMap<PathBuf, DirOrder>, u64)>,
-    /// When an open last found a cached file out of memory (`Found::ColdHit`), or opened
-    /// one in a pass that reads ahead since such a hit.
+    /// When an open last found a cached file out of memory (`Found::ColdHit`), or reading
+    /// ahead found one (`cold_found_at`).
     cold_hit_at: Mutex<Option<std::time::Instant>>,
 }
 
@@ -341,6 +341,16 @@ pub struct DirOpen {
 }
 
 impl DirPrefetch {
+    /// Reading ahead found a cache entry out of memory at `at`: the pass that asked for it
+    /// is reading a cold cache, and the next directory it lists has its first files read
+    /// ahead (`listed`).
+    pub fn cold_found_at(&self, at: std::time::Instant) {
+        let mut last = self.cold_hit_at.lock().unwrap();
+        if last.is_none_or(|t| t < at) {
+            *last = Some(at);
+        }
+    }
+
     /// opendir read `dir`: the order of its regular files, `names`. Returns the files
     /// whose cache entries to read ahead: the first few, during a cold spell.
     pub fn listed(&self, dir: &Path, names: impl Iterator<Item = OsString>) -> Vec<PathBuf> {
@@ -450,7 +460,10 @@ impl DirPrefetch {
         }
         d.window = d.window.min(max);
         d.warming |= found == Found::ColdHit;
-        if d.warming && !miss {
+        // Only a file found out of memory keeps the spell going (here, or by the warming
+        // workers: `cold_found_at`): a pass over files in memory reads nothing ahead once
+        // the spell it began in is over.
+        if found == Found::ColdHit {
             *self.cold_hit_at.lock().unwrap() = Some(std::time::Instant::now());
         }
         d.cursor.at.store(pos as u64, Relaxed);
@@ -611,9 +624,20 @@ mod tests {
         let o = d.opened(Path::new("e"), OsStr::new("f1"), Found::Hit, 16);
         assert_eq!(o.warm, ["e/f4", "e/f5"].map(PathBuf::from));
         // After the spell, a new directory's listing reads nothing ahead.
-        *d.cold_hit_at.lock().unwrap() =
-            Some(std::time::Instant::now() - COLD_SPELL - std::time::Duration::from_millis(1));
+        let past = std::time::Instant::now() - COLD_SPELL - std::time::Duration::from_millis(1);
+        *d.cold_hit_at.lock().unwrap() = Some(past);
         assert!(d.listed(Path::new("g"), names(10)).is_empty());
+        // Hits in memory in a pass that warms do not make the spell last (a pass over a
+        // cache in memory that began in a spell would read every file ahead), ...
+        d.opened(Path::new("e"), OsStr::new("f2"), Found::Hit, 16);
+        d.opened(Path::new("e"), OsStr::new("f3"), Found::Hit, 16);
+        assert_eq!(*d.cold_hit_at.lock().unwrap(), Some(past));
+        assert!(d.listed(Path::new("h"), names(10)).is_empty());
+        // ... an entry that reading ahead found out of memory does.
+        d.cold_found_at(std::time::Instant::now());
+        assert_eq!(d.listed(Path::new("i"), names(10)).len(), WARM_FIRST);
+        d.cold_found_at(past);
+        assert!(d.cold_hit_at.lock().unwrap().is_some_and(|t| t > past));
     }
 
     #[test]

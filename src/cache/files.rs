@@ -134,7 +134,7 @@ pub fn write_record_unless_same(files: &CacheFiles, rec: &CacheRecord) -> io::Re
 /// Whether the first page of `file` is in memory, so that a read of it would not wait for
 /// the disk: a one-byte `preadv2` with `RWF_NOWAIT`, which fails (`EAGAIN`) rather than
 /// wait. An empty file counts as in memory; a file system that cannot tell, as not.
-pub fn first_page_resident(file: &File) -> bool {
+pub fn first_page_resident(file: impl std::os::fd::AsFd) -> bool {
     let mut byte = [0u8; 1];
     let mut bufs = [std::io::IoSliceMut::new(&mut byte)];
     rustix::io::preadv2(file, &mut bufs, 0, rustix::io::ReadWriteFlags::NOWAIT).is_ok()

@@ -203,6 +203,11 @@ impl CacheStore {
         self.warmer.warm(paths);
     }
 
+    /// When reading ahead last found an entry out of memory (`Warmer::last_cold`).
+    pub fn warm_last_cold(&self) -> Option<std::time::Instant> {
+        self.warmer.last_cold()
+    }
+
     /// The cache root, for entries beside the trees (`source.json`, `pins`, `oplog/`, ...).
     pub fn top(&self) -> &Arc<BeneathRoot> {
         &self.top

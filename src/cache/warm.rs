@@ -15,6 +15,7 @@ use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use rustix::fs::{Advice, OFlags};
 
@@ -35,6 +36,8 @@ struct Queue {
 
 struct Shared {
     queue: Mutex<Queue>,
+    /// When an entry was last found with its data out of memory.
+    cold_at: Mutex<Option<Instant>>,
     wake: Condvar,
     data: Arc<BeneathRoot>,
     meta: Arc<BeneathRoot>,
@@ -59,6 +62,7 @@ impl Warmer {
     pub fn start(data: Arc<BeneathRoot>, meta: Arc<BeneathRoot>) -> Warmer {
         let shared = Arc::new(Shared {
             queue: Mutex::default(),
+            cold_at: Mutex::default(),
             wake: Condvar::new(),
             data,
             meta,
@@ -99,6 +103,14 @@ impl Warmer {
     }
 }
 
+impl Warmer {
+    /// When an entry was last found with its data out of memory (and read in): while
+    /// that is recent, the reader ahead is going through a cold cache.
+    pub fn last_cold(&self) -> Option<Instant> {
+        *self.shared.as_ref()?.cold_at.lock().unwrap()
+    }
+}
+
 impl std::fmt::Debug for Warmer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Warmer")
@@ -133,32 +145,44 @@ fn work(shared: &Shared) {
                 q = shared.wake.wait(q).unwrap();
             }
         };
-        warm_one(&shared.data, &shared.meta, &rel);
+        if warm_one(&shared.data, &shared.meta, &rel) {
+            *shared.cold_at.lock().unwrap() = Some(Instant::now());
+        }
     }
 }
 
 /// Brings `rel`'s record and the start of its data file into memory: the opens read the
-/// directories' blocks and the inodes; the advice starts the reads of the contents.
-fn warm_one(data: &BeneathRoot, meta: &BeneathRoot, rel: &Path) {
+/// directories' blocks and the inodes; the advice starts the reads of the contents. An
+/// entry whose data file's first page is in memory already is left as it is (a pass over
+/// a cache in memory). Whether its data was out of memory.
+fn warm_one(data: &BeneathRoot, meta: &BeneathRoot, rel: &Path) -> bool {
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOATIME;
-    let read_ahead = |tree: &BeneathRoot, max: u64| {
-        // O_NOATIME is refused for files the caller does not own: then without it.
-        let fd = tree
-            .openat(rel, flags, 0)
-            .or_else(|_| tree.openat(rel, flags - OFlags::NOATIME, 0));
-        let Ok(fd) = fd else {
-            return;
-        };
-        let len = rustix::fs::fstat(&fd)
+    // O_NOATIME is refused for files the caller does not own: then without it.
+    let open = |tree: &BeneathRoot| {
+        tree.openat(rel, flags, 0)
+            .or_else(|_| tree.openat(rel, flags - OFlags::NOATIME, 0))
+            .ok()
+    };
+    let read_ahead = |fd: &std::os::fd::OwnedFd, max: u64| {
+        let len = rustix::fs::fstat(fd)
             .ok()
             .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
             .and_then(|st| NonZeroU64::new((st.st_size as u64).min(max)));
         if let Some(len) = len {
-            let _ = rustix::fs::fadvise(&fd, 0, Some(len), Advice::WillNeed);
+            let _ = rustix::fs::fadvise(fd, 0, Some(len), Advice::WillNeed);
         }
     };
-    read_ahead(meta, u64::MAX);
-    read_ahead(data, DATA_MAX);
+    let Some(data_fd) = open(data) else {
+        return false;
+    };
+    if super::files::first_page_resident(&data_fd) {
+        return false;
+    }
+    if let Some(fd) = open(meta) {
+        read_ahead(&fd, u64::MAX);
+    }
+    read_ahead(&data_fd, DATA_MAX);
+    true
 }
 
 #[cfg(test)]
@@ -206,6 +230,16 @@ mod tests {
         }
         // An inline warmer takes paths and does nothing with them.
         Warmer::inline().warm([PathBuf::from("d/f")]);
-        warm_one(&data, &meta, Path::new("d/f"));
+        // An entry in memory is found so, and left alone.
+        std::fs::read(dir.path().join("data/d/f")).unwrap();
+        assert!(!warm_one(&data, &meta, Path::new("d/f")));
+        // One out of memory (where the file system can drop its pages: not on tmpfs) is
+        // found so and read in.
+        let f = std::fs::File::open(dir.path().join("data/d/f")).unwrap();
+        f.sync_all().unwrap();
+        rustix::fs::fadvise(&f, 0, None, Advice::DontNeed).unwrap();
+        if !super::super::files::first_page_resident(&f) {
+            assert!(warm_one(&data, &meta, Path::new("d/f")));
+        }
     }
 }

@@ -76,6 +76,9 @@ impl CachingFs {
         }
         // The order its files will be read in by a walk (`fetch::DirPrefetch`).
         if self.fetcher.tun.dir_prefetch.load(Ordering::Relaxed) > 0 {
+            if let Some(at) = self.cache.warm_last_cold() {
+                self.fetcher.dirs.cold_found_at(at);
+            }
             let files = list.iter().filter(|e| e.kind == FileType::RegularFile);
             let warm = self
                 .fetcher
