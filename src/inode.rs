@@ -144,6 +144,9 @@ pub struct Inode<F> {
     /// A request through a kernel open (`fs/kernel_opens.rs`) was served: the kernel may
     /// hold pages of the file that no open of ours decided on.
     served_kernel_open: AtomicBool,
+    /// A handle of the node was given to the kernel (or a request through a kernel open
+    /// served): until then it holds no pages of the file, of any version.
+    handed_out: AtomicBool,
     /// A look at the source that stands until the watcher breaks it (a file's
     /// `coherence::Callback`, a directory's `ListingCallback`), and the breaks so far: a
     /// look taken before a break is never installed after it (`grant_callback`).
@@ -212,6 +215,7 @@ impl<F> Inode<F> {
             content: AtomicU64::new(0),
             pages_dropped: AtomicU64::new(0),
             served_kernel_open: AtomicBool::new(false),
+            handed_out: AtomicBool::new(false),
             callback: Mutex::new(None),
             breaks: AtomicU64::new(0),
         }
@@ -288,7 +292,19 @@ impl<F> Inode<F> {
 
     /// A request through a kernel open was served.
     pub fn served_kernel_open(&self) {
+        self.handed_out.store(true, Ordering::SeqCst);
         self.served_kernel_open.store(true, Ordering::Release);
+    }
+
+    /// A handle of the node is about to be given to the kernel.
+    pub fn hand_out(&self) {
+        self.handed_out.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a handle of the node was ever given to the kernel (`hand_out`): if not, the
+    /// kernel holds no pages of the file to drop.
+    pub fn handed_out(&self) -> bool {
+        self.handed_out.load(Ordering::SeqCst)
     }
 
     /// Whether the kernel may hold pages of this file that no open of ours gave it leave

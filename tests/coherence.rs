@@ -719,3 +719,61 @@ fn held_listings_settle_on_the_source_under_changes_racing_listers() {
         "the listers' opendirs were answered by held listings"
     );
 }
+
+/// A node's first open tells the kernel nothing (it holds no pages of the file yet): a
+/// cold pass sends no invalidation, and on a read-only mount the pass after it asks no
+/// `getattr`. Once a handle was given out, an open that finds the file changed behind the
+/// mount still drops the pages earlier handles left: with reads through the kernel's page
+/// cache (no passthrough) and nothing watched, the files are rewritten in place at the
+/// same size and every read after gives the new bytes, over rounds racing a reader that
+/// keeps a handle open.
+#[test]
+fn first_opens_send_no_invalidation_and_later_opens_drop_old_pages() {
+    for args in [&["--watch", "off", "--no-passthrough"][..], &["-r"][..]] {
+        let t = TestMount::new(args);
+        let n = 40;
+        let body = |v: u32, i: u32| format!("{v:04}-{i:04}-").repeat(512).into_bytes();
+        for i in 0..n {
+            fs::write(t.s(&format!("f{i}")), body(0, i)).unwrap();
+        }
+        let before = t.stats();
+        for i in 0..n {
+            assert_eq!(fs::read(t.m(&format!("f{i}"))).unwrap(), body(0, i));
+        }
+        let after = t.stats();
+        assert_eq!(
+            after.coherence.inval_inode, before.coherence.inval_inode,
+            "{args:?}: first opens sent invalidations"
+        );
+        if args == ["-r"] {
+            let getattrs =
+                |s: &hoardfs::stats::Snapshot| s.requests.get("getattr").copied().unwrap_or(0);
+            for i in 0..n {
+                fs::metadata(t.m(&format!("f{i}"))).unwrap();
+                assert_eq!(fs::read(t.m(&format!("f{i}"))).unwrap(), body(0, i));
+            }
+            assert_eq!(getattrs(&t.stats()), getattrs(&after), "a getattr per file");
+            continue;
+        }
+        let held = fs::File::open(t.m("f0")).unwrap();
+        for v in 1..6u32 {
+            for i in 0..n {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(t.s(&format!("f{i}")))
+                    .unwrap()
+                    .write_all_at(&body(v, i), 0)
+                    .unwrap();
+            }
+            for i in 0..n {
+                assert_eq!(
+                    fs::read(t.m(&format!("f{i}"))).unwrap(),
+                    body(v, i),
+                    "round {v}, f{i}"
+                );
+            }
+            let mut old = vec![0u8; 16];
+            held.read_at(&mut old, 0).unwrap();
+        }
+    }
+}

@@ -65,6 +65,7 @@ impl CachingFs {
     /// close). Shared with `reintegrate::logged_handle`.
     pub(super) fn cache_write_handle(&self, inode: &Arc<Inode>, writes: Writes) -> Opened {
         let fh = self.new_fh();
+        inode.hand_out();
         self.handles.lock().unwrap().insert(
             fh,
             Arc::new(Handle {

@@ -102,6 +102,7 @@ impl CachingFs {
             });
         }
         let fh = self.new_fh();
+        inode.hand_out();
         self.handles.lock().unwrap().insert(
             fh,
             Arc::new(Handle {
@@ -334,6 +335,12 @@ impl CachingFs {
             st = again;
         }
         let mut keep_cache = true;
+        // No handle of the node was ever given to the kernel: it holds no pages of the
+        // file to drop, of any version, and its attributes came from a look at the source
+        // (a lookup's), as current as the watcher or the attribute TTL keeps them. So no
+        // notice: one per first open cost the invalidation thread's work in a cold pass
+        // and a `getattr` per file in the pass after it.
+        let fresh = !inode.handed_out();
         let seen = self.identity(&st);
         // Loaded but closed (waiting for its group commit, or for fetches), with cache files
         // no name leads to any more (removed or replaced in the cache directory): they are
@@ -401,6 +408,10 @@ impl CachingFs {
         // leaves the kernel nothing to drop (and dropping would throw away the pages the
         // request that loads it is reading).
         // A reset by another loader (the directory prefetch) leaves them old too.
+        if fresh {
+            inode.pages_dropped(inode.content_version());
+            keep_cache = true;
+        }
         if !inode.kernel_pages_current() {
             keep_cache = false;
         }
@@ -565,6 +576,8 @@ impl CachingFs {
                 FopenFlags::empty()
             }
         };
+        // Under the file's lock, so that an open deciding after this one knows of it.
+        inode.hand_out();
         drop(guard);
         // A reader has nothing to flush; its close matters only for locks (`fs/locks.rs`).
         let noflush = !writable && self.no_lock_holders(id);
