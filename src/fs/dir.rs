@@ -16,6 +16,9 @@ use super::{
 };
 use crate::source::DirEntry;
 
+/// A directory's names as read, and the directory open `O_PATH` (none on an object store).
+type ReadListing = (Arc<[DirEntry]>, Option<Arc<OwnedFd>>);
+
 impl CachingFs {
     pub fn opendir(&self, id: u64) -> Result<u64> {
         let list = self.list_dir(id)?;
@@ -98,12 +101,7 @@ impl CachingFs {
     /// Reads directory `inode` at `path` from the source (and saves the listing for
     /// offline use). Where the watcher covers the directory, the listing is held under
     /// callback for the opendirs after it.
-    #[allow(clippy::type_complexity)]
-    fn read_listing(
-        &self,
-        inode: &Inode,
-        path: &Path,
-    ) -> Result<(Arc<[DirEntry]>, Option<Arc<OwnedFd>>)> {
+    fn read_listing(&self, inode: &Inode, path: &Path) -> Result<ReadListing> {
         let id = inode.id;
         // Kept for fstat of the open directory once its name is gone.
         let fd = if !self.caps().descriptors {

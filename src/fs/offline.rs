@@ -193,9 +193,10 @@ impl CachingFs {
         }
     }
 
-    /// The directory `dir` changed through the mount: its saved listing is out of date and
-    /// is taken again shortly, and the listing it holds in memory is dropped. Until then it keeps answering offline as last seen (dropping
-    /// it would make the directory and every cached file in it `EIO` offline).
+    /// The directory `dir` changed through the mount: the listing it holds in memory is
+    /// dropped, and its saved listing is out of date and is taken again shortly. Until
+    /// then that keeps answering offline as last seen (dropping it would make the
+    /// directory and every cached file in it `EIO` offline).
     pub(super) fn listing_changed(&self, dir: &Path) {
         // Its listing held under callback goes, and none read before now is held.
         let named = std::collections::HashSet::from([dir.to_path_buf()]);
