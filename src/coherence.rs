@@ -282,10 +282,7 @@ impl Coherence {
         let Some(w) = &self.watcher else {
             return false;
         };
-        let holds = self.callback_mark(dir).is_some_and(|m| m == cb.mark)
-            && w.file_watch(id) == Some(cb.file_wd)
-            && cb.at.elapsed() < self.tunables.attr(true)
-            && w.quiet();
+        let holds = w.file_watch(id) == Some(cb.file_wd) && self.look_stands(cb.mark, cb.at, dir);
         if holds {
             self.counters.callback_hits.fetch_add(1, Relaxed);
         }
@@ -319,6 +316,17 @@ impl Coherence {
         })
     }
 
+    /// What every callback needs to stand (a file's, `dir` its directory; a listing's,
+    /// `dir` the directory itself): the watches it was granted under (`mark`), an age
+    /// under the watched TTL from `at`, and no event the watcher has not handled yet.
+    fn look_stands(&self, mark: CallbackMark, at: Instant, dir: u64) -> bool {
+        self.watcher.as_ref().is_some_and(|w| {
+            self.callback_mark(dir).is_some_and(|m| m == mark)
+                && at.elapsed() < self.tunables.attr(true)
+                && w.quiet()
+        })
+    }
+
     /// A directory's listing `entries`, read after `mark` (`callback_mark` of the
     /// directory itself: its own watch reports the changes of its names); `at`: just
     /// before the read.
@@ -341,12 +349,7 @@ impl Coherence {
     /// watch is the one it was read under, no event waits (a change of a name completed
     /// before this call has broken it), and it is younger than the watched TTL. Counted.
     pub fn listing_holds(&self, cb: &ListingCallback, dir: u64) -> bool {
-        let Some(w) = &self.watcher else {
-            return false;
-        };
-        let holds = self.callback_mark(dir).is_some_and(|m| m == cb.mark)
-            && cb.at.elapsed() < self.tunables.attr(true)
-            && w.quiet();
+        let holds = self.look_stands(cb.mark, cb.at, dir);
         if holds {
             self.counters.listing_hits.fetch_add(1, Relaxed);
         }
