@@ -540,6 +540,7 @@ def systems_for(src, names):
         "hoardfs": lambda: hoard,
         "hoardfs-nopt": lambda: Hoardfs("hoardfs-nopt", src, ["--no-passthrough"]),
         "hoardfs-ko": lambda: Hoardfs("hoardfs-ko", src, ["--kernel-opens"]),
+        "hoardfs-lease": lambda: Hoardfs("hoardfs-lease", src, ["--open-lease", "60"]),
         "hoardfs-t0": lambda: Hoardfs("hoardfs-t0", src, ["--whole-file-threshold", "0"]),
         "hoardfs-t400K": lambda: Hoardfs("hoardfs-t400K", src, ["--whole-file-threshold", "400K"]),
         "bindfs": lambda: Bindfs("bindfs", src),
@@ -677,7 +678,11 @@ def w4_grep(srcs):
     CMDS["w4"] = "LC_ALL=C grep -r -c hoardfs_no_such_string_zq TREE >/dev/null  (seconds)"
     env = dict(os.environ, LC_ALL="C")
     for src in srcs.values():
-        systems = systems_for(src, ["source", "cache", "hoardfs", "hoardfs-ko", "bindfs", "rclone"])
+        names = ["source", "cache", "hoardfs", "hoardfs-ko", "bindfs", "rclone"]
+        # Open leases act only where nothing is watched: the SSHFS source.
+        if isinstance(src, RemoteSource):
+            names.insert(4, "hoardfs-lease")
+        systems = systems_for(src, names)
         hoard = systems[2]
         for r in range(P["runs"]):
             for s in rotate(systems, r):
@@ -893,7 +898,7 @@ def table(S, w, unit, higher_better, srcs=None, states=None, param_label="param"
         keys = [k for k in keys if k[0] in srcs]
     if states:
         keys = [k for k in keys if k[2] in states]
-    sysorder = ["source", "cache", "hoardfs", "hoardfs-nopt", "hoardfs-ko", "hoardfs-t0", "hoardfs-t400K",
+    sysorder = ["source", "cache", "hoardfs", "hoardfs-nopt", "hoardfs-ko", "hoardfs-lease", "hoardfs-t0", "hoardfs-t400K",
                 "bindfs", "rclone"]
     ratio_word = "throughput ÷ reference (higher is better)" if higher_better else "time ÷ reference (lower is better)"
     lines = [f"Median of runs, spread = min–max, in {unit}. Ratios: {ratio_word}; "
@@ -1152,7 +1157,8 @@ def report(quick, elapsed):
     a("")
     a("## W2: small preads (ns per call, local source, warm)")
     a(f"Command: `{CMDS.get('w2')}`. hoardfs-nopt = hoardfs `--no-passthrough`; "
-      "hoardfs-ko (W4, W5) = hoardfs `--kernel-opens`.")
+      "hoardfs-ko (W4, W5) = hoardfs `--kernel-opens`; hoardfs-lease (W4, SSHFS source only) = "
+      "hoardfs `--open-lease 60`.")
     a("")
     a(table(S, "w2", "ns per call", False, param_label="bytes"))
     a("")

@@ -11,7 +11,8 @@
 //! - [`Leases`]: where no events arrive (network and FUSE sources), every open file gets a
 //!   validation lease of one attribute TTL, kept in a list ordered by expiry and expired
 //!   actively (the Faster AFS callback list): an expired lease revalidates the file against
-//!   the source instead of each call testing it. Opens always validate (close-to-open).
+//!   the source instead of each call testing it. Opens validate (close-to-open), unless
+//!   `--open-lease` is set: then a look at a file stands for that long ([`OpenLease`]).
 //! - [`Callback`]: where the watcher covers a file (its directory and the file itself are
 //!   watched), a look at the source stands until an event breaks it (the AFS callback):
 //!   opens and `getattr`s of the file ask the source nothing while the watcher has no
@@ -79,6 +80,10 @@ pub struct Counters {
     pub callback_hits: AtomicU64,
     /// Opendirs answered by a directory's listing held under callback (`ListingCallback`).
     pub listing_hits: AtomicU64,
+    /// Looks at unwatched files that stand for `--open-lease` (`OpenLease`), and opens
+    /// they answered without asking the source.
+    pub open_leases_granted: AtomicU64,
+    pub open_lease_hits: AtomicU64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -109,6 +114,10 @@ pub struct CoherenceSnapshot {
     /// Opendirs that read nothing from the source: the directory's listing, taken while
     /// its watch stood, had no event since (`ListingCallback`).
     pub listing_hits: u64,
+    /// Looks at files where nothing is watched that stood for `--open-lease`
+    /// (`OpenLease`), and opens they answered without asking the source.
+    pub open_leases_granted: u64,
+    pub open_lease_hits: u64,
     pub watched_files: u64,
     /// Kernel TTLs in ms; `None`: automatic (long where watched, short elsewhere).
     pub entry_ttl_ms: Option<u64>,
@@ -116,6 +125,7 @@ pub struct CoherenceSnapshot {
     pub negative_ttl_ms: Option<u64>,
     pub stale_check: bool,
     pub close_to_open: bool,
+    pub open_lease_ms: u64,
 }
 
 /// Run-time switches (`hoardfs set`).
@@ -130,6 +140,8 @@ pub struct Tunables {
     pub watch: AtomicBool,
     /// Every open asks the source (close-to-open), callbacks or not.
     pub close_to_open: AtomicBool,
+    /// How long a look at a file where nothing is watched answers opens (`OpenLease`).
+    open_lease_ms: AtomicU64,
 }
 
 const AUTO: u64 = u64::MAX;
@@ -147,6 +159,7 @@ impl Tunables {
             stale_check: AtomicBool::new(cfg.stale_check),
             watch: AtomicBool::new(cfg.watch != WatchMode::Off),
             close_to_open: AtomicBool::new(cfg.close_to_open),
+            open_lease_ms: AtomicU64::new(ms(Some(cfg.open_lease))),
         }
     }
 
@@ -179,6 +192,9 @@ impl Tunables {
     pub fn set_negative(&self, t: Option<Duration>) {
         self.negative_ms.store(ms(t), Relaxed);
     }
+    pub fn set_open_lease(&self, t: Duration) {
+        self.open_lease_ms.store(ms(Some(t)), Relaxed);
+    }
 
     fn fill(&self, s: &mut CoherenceSnapshot) {
         let opt = |v: &AtomicU64| Some(v.load(Relaxed)).filter(|&v| v != AUTO);
@@ -187,6 +203,7 @@ impl Tunables {
         s.negative_ttl_ms = opt(&self.negative_ms);
         s.stale_check = self.stale_check.load(Relaxed);
         s.close_to_open = self.close_to_open.load(Relaxed);
+        s.open_lease_ms = self.open_lease_ms.load(Relaxed);
     }
 }
 
@@ -356,6 +373,44 @@ impl Coherence {
         holds
     }
 
+    /// How long a look at a file in directory `dir` may answer later opens for reading
+    /// in place of their own (`OpenLease`): `None` where the watcher's callbacks answer
+    /// instead, or where opens must ask the source (no lease set, `close_to_open`, stale
+    /// checks off).
+    fn open_lease_term(&self, dir: u64) -> Option<Duration> {
+        let t = &self.tunables;
+        let ms = t.open_lease_ms.load(Relaxed);
+        (ms > 0
+            && !self.watched(dir)
+            && !t.close_to_open.load(Relaxed)
+            && t.stale_check.load(Relaxed))
+        .then(|| Duration::from_millis(ms))
+    }
+
+    /// A lease on the look `st`, taken at `at`, of a file in directory `dir`: `None` where
+    /// none is given (see `open_lease_term`; and only to a file with one link, so that no
+    /// write through another name of it can go unseen by its node).
+    pub fn open_lease(&self, dir: u64, st: &crate::source::Stat, at: Instant) -> Option<OpenLease> {
+        self.open_lease_term(dir)?;
+        if st.nlink != 1 || !st.is_file() {
+            return None;
+        }
+        self.counters.open_leases_granted.fetch_add(1, Relaxed);
+        Some(OpenLease { stat: *st, at })
+    }
+
+    /// Whether `lease`, of a file in directory `dir`, still answers an open: younger than
+    /// `--open-lease` (as set now), with leases still given there. Counted as a hit.
+    pub fn open_lease_holds(&self, lease: &OpenLease, dir: u64) -> bool {
+        let holds = self
+            .open_lease_term(dir)
+            .is_some_and(|term| lease.at.elapsed() < term);
+        if holds {
+            self.counters.open_lease_hits.fetch_add(1, Relaxed);
+        }
+        holds
+    }
+
     pub fn snapshot(&self) -> CoherenceSnapshot {
         let c = &self.counters;
         let mut s = CoherenceSnapshot {
@@ -374,6 +429,8 @@ impl Coherence {
             callbacks_broken: c.callbacks_broken.load(Relaxed),
             callback_hits: c.callback_hits.load(Relaxed),
             listing_hits: c.listing_hits.load(Relaxed),
+            open_leases_granted: c.open_leases_granted.load(Relaxed),
+            open_lease_hits: c.open_lease_hits.load(Relaxed),
             watched_files: self.watcher.as_ref().map_or(0, |w| w.files() as u64),
             ..Default::default()
         };
@@ -425,6 +482,22 @@ pub struct ListingCallback {
     pub fd: Option<Arc<OwnedFd>>,
     mark: CallbackMark,
     at: Instant,
+}
+
+/// A look at a file where nothing reports changes (a network, FUSE or object-store
+/// source), which answers opens for reading for `--open-lease` from when it was taken:
+/// the AFS callback with a time bound in place of the server's promise, as NFS's
+/// attribute cache is. Granted only to a file whose cached copy was whole and of the
+/// version looked at. An own change of the file does not end it: an open answered by a
+/// lease whose look disagrees with the cache's record looks at the source again, as for
+/// a stat that raced a write (`fs/open.rs`), and drops the lease. Held by the file's
+/// entry in the inode table; keeps no descriptor (a lease per file of a large tree).
+#[derive(Clone, Debug)]
+pub struct OpenLease {
+    /// The file's attributes at the look.
+    pub stat: crate::source::Stat,
+    /// Just before the look: the version it shows was the file's then.
+    pub at: Instant,
 }
 
 // ---------------------------------------------------------------------------- leases
@@ -533,6 +606,7 @@ mod tests {
             stale_check: AtomicBool::new(true),
             watch: AtomicBool::new(true),
             close_to_open: AtomicBool::new(false),
+            open_lease_ms: AtomicU64::new(0),
         };
         assert_eq!(t.entry(true), WATCHED_TTL);
         assert_eq!(t.entry(false), UNWATCHED_TTL);

@@ -109,6 +109,9 @@ pub struct Config {
     pub stale_check: bool,
     /// Every open asks the source, even where a watcher's callback covers the file.
     pub close_to_open: bool,
+    /// Where nothing is watched, how long a look at a file answers later opens for
+    /// reading (`coherence::OpenLease`); zero: every open asks the source.
+    pub open_lease: Duration,
     pub passthrough: bool,
     /// The kernel opens files itself and keeps their pages between opens
     /// (`fs/kernel_opens.rs`): no OPEN, FLUSH or RELEASE reaches the daemon.
@@ -181,6 +184,7 @@ impl Config {
             offline_writes: OfflineWrites::Refuse,
             stale_check: true,
             close_to_open: false,
+            open_lease: Duration::ZERO,
             passthrough: true,
             kernel_opens: false,
             allow_other: false,

@@ -47,7 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::coherence::{Callback, ListingCallback};
+use crate::coherence::{Callback, ListingCallback, OpenLease};
 use crate::source::Stat;
 use crate::stats::InodeSnapshot;
 use crate::sync::{Mutex, MutexGuard};
@@ -148,19 +148,21 @@ pub struct Inode<F> {
     /// served): until then it holds no pages of the file, of any version.
     handed_out: AtomicBool,
     /// A look at the source that stands until the watcher breaks it (a file's
-    /// `coherence::Callback`, a directory's `ListingCallback`), and the breaks so far: a
+    /// `coherence::Callback`, a directory's `ListingCallback`) or for a time (a file's
+    /// `OpenLease`, where nothing is watched), and the breaks so far: a
     /// look taken before a break is never installed after it (`grant_callback`).
     /// Boxed, as most entries never hold one (an entry's size is the table's memory).
     callback: Mutex<Option<Box<Held>>>,
     breaks: AtomicU64,
 }
 
-/// What an entry's callback slot holds: a file's look at the source, or a directory's
-/// listing.
+/// What an entry's callback slot holds: a file's look at the source (under callback or
+/// lease), or a directory's listing.
 #[derive(Clone, Debug)]
 enum Held {
     File(Callback),
     Listing(ListingCallback),
+    Lease(OpenLease),
 }
 
 /// Node ids by name, so that a batch of watcher events finds the entries known by its
@@ -239,6 +241,15 @@ impl<F> Inode<F> {
         }
     }
 
+    /// The open lease the file holds, if any (`Coherence::open_lease_holds` says whether
+    /// it still stands).
+    pub fn open_lease(&self) -> Option<OpenLease> {
+        match self.callback.lock().unwrap().as_deref() {
+            Some(Held::Lease(l)) => Some(l.clone()),
+            _ => None,
+        }
+    }
+
     /// The breaks so far: taken before a look at the source that may become a callback.
     pub fn callback_breaks(&self) -> u64 {
         self.breaks.load(Ordering::SeqCst)
@@ -254,6 +265,12 @@ impl<F> Inode<F> {
     /// (false) if one came since.
     pub fn grant_listing(&self, cb: ListingCallback, breaks: u64) -> bool {
         self.hold(Held::Listing(cb), breaks)
+    }
+
+    /// Installs open lease `lease`, on a look taken when the breaks were `breaks`; refused
+    /// (false) if one came since.
+    pub fn grant_open_lease(&self, lease: OpenLease, breaks: u64) -> bool {
+        self.hold(Held::Lease(lease), breaks)
     }
 
     fn hold(&self, held: Held, breaks: u64) -> bool {

@@ -526,6 +526,18 @@ fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Res
             h.listing_hits,
         ),
         (
+            "hoardfs_open_leases_granted_total",
+            Counter,
+            "Looks at files where nothing is watched that stood for --open-lease.",
+            h.open_leases_granted,
+        ),
+        (
+            "hoardfs_open_lease_hits_total",
+            Counter,
+            "Opens answered by an open lease without asking the source.",
+            h.open_lease_hits,
+        ),
+        (
             "hoardfs_watched_files",
             Gauge,
             "Source files watched themselves (they hold callbacks).",

@@ -77,6 +77,7 @@ pub enum Live {
     NegativeTtl(Option<Duration>),
     StaleCheck(bool),
     CloseToOpen(bool),
+    OpenLease(Duration),
     Watch(bool),
     /// Zero: no timeout.
     SourceTimeout(Option<Duration>),
@@ -234,6 +235,16 @@ pub static OPTIONS: &[Opt] = &[
     )
     .default("off")
     .settable(|v| Ok(Live::CloseToOpen(on_off(v)?))),
+    Opt::value("open_lease", "SECS", CACHING, |c, v| {
+        put(&mut c.open_lease, parse_secs(v))
+    })
+    .help(
+        "Where nothing is watched (network, FUSE and object-store sources), an open for \
+         reading of a file looked at within this many seconds asks the source nothing; 0: \
+         every open asks (close-to-open)",
+    )
+    .default("0")
+    .settable(|v| Ok(Live::OpenLease(parse_secs(v)?))),
     Opt::value("fetch_workers", "N", CACHING, |c, v| {
         put(&mut c.fetch_workers, auto(v, num))
     })

@@ -431,13 +431,14 @@ impl Snapshot {
         };
         let _ = writeln!(
             s,
-            "\ncoherence: watcher {} ({} dirs), stale check {}, TTLs entry {} attr {} negative {}",
+            "\ncoherence: watcher {} ({} dirs), stale check {}, TTLs entry {} attr {} negative {}, open lease {}",
             if h.watching { "on" } else { "off" },
             h.watched_dirs,
             if h.stale_check { "on" } else { "off" },
             ttl(h.entry_ttl_ms),
             ttl(h.attr_ttl_ms),
-            ttl(h.negative_ttl_ms)
+            ttl(h.negative_ttl_ms),
+            ttl(Some(h.open_lease_ms))
         );
         for (name, n) in [
             ("watcher_events", h.watcher_events),
@@ -453,6 +454,8 @@ impl Snapshot {
             ("callbacks_broken", h.callbacks_broken),
             ("callback_hits", h.callback_hits),
             ("listing_hits", h.listing_hits),
+            ("open_leases_granted", h.open_leases_granted),
+            ("open_lease_hits", h.open_lease_hits),
             ("watched_files", h.watched_files),
         ] {
             let _ = writeln!(s, "  {name:<20} {n:>12}");

@@ -780,3 +780,171 @@ fn first_opens_send_no_invalidation_and_later_opens_drop_old_pages() {
         }
     }
 }
+
+/// Where nothing is watched, `--open-lease` lets one look at a file answer the opens after
+/// it for the lease's length: they read the cached version without asking the source. A
+/// change behind the mount is read by every open that begins a lease after the look that
+/// preceded it, and no later; a change through the mount by the next open at once.
+#[test]
+fn open_leases_answer_opens_for_their_length_and_own_writes_at_once() {
+    const LEASE: Duration = Duration::from_millis(400);
+    let t = TestMount::new(&["--watch", "off", "--open-lease", "0.4"]);
+    let src = t.s("f");
+    fs::write(&src, b"v0000").unwrap();
+    let hits = |t: &TestMount| t.stats().coherence.open_lease_hits;
+    let mut hits_seen = 0;
+    for round in 0..12u32 {
+        let now = format!("v{round:04}");
+        // The first open looks (and leaves the lease), the next ones are answered by it.
+        assert_eq!(fs::read(t.m("f")).unwrap(), now.as_bytes(), "round {round}");
+        let before = hits(&t);
+        assert_eq!(fs::read(t.m("f")).unwrap(), now.as_bytes(), "round {round}");
+        hits_seen += hits(&t) - before;
+        let next = format!("v{:04}", round + 1);
+        let changed = std::time::Instant::now();
+        match round % 4 {
+            // Behind the mount: in place (same size), truncated and rewritten, renamed over.
+            0 => fs::OpenOptions::new()
+                .write(true)
+                .open(&src)
+                .unwrap()
+                .write_all_at(next.as_bytes(), 0)
+                .unwrap(),
+            1 => fs::write(&src, next.as_bytes()).unwrap(),
+            2 => {
+                let tmp = t.s(".f.tmp");
+                fs::write(&tmp, next.as_bytes()).unwrap();
+                fs::rename(&tmp, &src).unwrap();
+            }
+            // Through the mount: the next open reads it, lease or not.
+            _ => {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(t.m("f"))
+                    .unwrap()
+                    .write_all_at(next.as_bytes(), 0)
+                    .unwrap();
+                assert_eq!(
+                    fs::read(t.m("f")).unwrap(),
+                    next.as_bytes(),
+                    "round {round}"
+                );
+                continue;
+            }
+        }
+        // Within the lease an open reads either version, whole; once a lease's length has
+        // passed since the change, only the new one.
+        loop {
+            let started = changed.elapsed();
+            let got = fs::read(t.m("f")).unwrap();
+            if got == next.as_bytes() {
+                break;
+            }
+            assert_eq!(got, now.as_bytes(), "round {round}: neither version");
+            assert!(
+                started < LEASE,
+                "round {round}: the old version read {started:?} after the change"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert!(hits_seen >= 10, "opens answered by a lease: {hits_seen}");
+    let c = t.stats().coherence;
+    assert!(c.open_leases_granted >= 12, "{c:?}");
+    // 0 ends every lease: each open asks the source again.
+    hoardfs_set(&t, "open_lease=0");
+    fs::read(t.m("f")).unwrap();
+    let before = hits(&t);
+    fs::read(t.m("f")).unwrap();
+    assert_eq!(hits(&t), before, "open_lease=0 answers no open by lease");
+}
+
+/// Open leases against writes racing them: a writer through the mount, a writer behind
+/// it (on another file) and readers opening both in a loop. A reader never reads a version
+/// older than the last one written through the mount before its open began, nor older
+/// than the last one written behind the mount a lease's length before its open began.
+#[test]
+fn open_leases_never_hide_own_writes_and_lapse_in_time_under_racing_writers() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::time::Instant;
+    const LEASE: Duration = Duration::from_millis(200);
+    // Readers' and writers' opens of one file through the daemon (no passthrough, which
+    // would make a writer wait for readers' releases).
+    let t = TestMount::new(&["--watch", "off", "--open-lease", "0.2", "--no-passthrough"]);
+    let version = |v: u64| format!("{v:016}");
+    fs::write(t.s("own"), version(0)).unwrap();
+    fs::write(t.s("behind"), version(0)).unwrap();
+    let own_acked = Arc::new(AtomicU64::new(0));
+    // (when, version) of every write behind the mount, in order.
+    let behind_acked = Arc::new(std::sync::Mutex::new(vec![(Instant::now(), 0u64)]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let base = Instant::now();
+    std::thread::scope(|s| {
+        let (m, acked, stop2) = (t.m("own"), own_acked.clone(), stop.clone());
+        s.spawn(move || {
+            for v in 1.. {
+                if stop2.load(SeqCst) {
+                    break;
+                }
+                let f = fs::OpenOptions::new().write(true).open(&m).unwrap();
+                f.write_all_at(version(v).as_bytes(), 0).unwrap();
+                drop(f);
+                acked.store(v, SeqCst);
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        });
+        let (p, acked, stop2) = (t.s("behind"), behind_acked.clone(), stop.clone());
+        s.spawn(move || {
+            for v in 1.. {
+                if stop2.load(SeqCst) {
+                    break;
+                }
+                // Alternately in place and renamed over.
+                if v % 2 == 0 {
+                    let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+                    f.write_all_at(version(v).as_bytes(), 0).unwrap();
+                } else {
+                    let tmp = p.with_file_name(".behind.tmp");
+                    fs::write(&tmp, version(v)).unwrap();
+                    fs::rename(&tmp, &p).unwrap();
+                }
+                acked.lock().unwrap().push((Instant::now(), v));
+                std::thread::sleep(Duration::from_millis(7));
+            }
+        });
+        for _ in 0..2 {
+            let (own_m, behind_m) = (t.m("own"), t.m("behind"));
+            let (own_acked, behind_acked) = (own_acked.clone(), behind_acked.clone());
+            s.spawn(move || {
+                let mut reads = 0u64;
+                while base.elapsed() < Duration::from_secs(3) {
+                    let floor = own_acked.load(SeqCst);
+                    let got = fs::read_to_string(&own_m).unwrap();
+                    let got: u64 = got.parse().unwrap_or_else(|_| panic!("own: {got:?}"));
+                    assert!(got >= floor, "own: read {got} after {floor} was written");
+                    let began = Instant::now();
+                    let floor = behind_acked
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .rev()
+                        .find(|(at, _)| *at + LEASE <= began)
+                        .map_or(0, |&(_, v)| v);
+                    let got = fs::read_to_string(&behind_m).unwrap();
+                    let got: u64 = got.parse().unwrap_or_else(|_| panic!("behind: {got:?}"));
+                    assert!(
+                        got >= floor,
+                        "behind: read {got}, but {floor} was written a lease's length before"
+                    );
+                    reads += 1;
+                }
+                assert!(reads > 50, "reads: {reads}");
+            });
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, SeqCst);
+    });
+    let c = t.stats().coherence;
+    assert!(c.open_lease_hits > 0, "{c:?}");
+}

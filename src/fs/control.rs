@@ -43,6 +43,7 @@ impl CachingFs {
             Live::NegativeTtl(t) => ttls.set_negative(t),
             Live::StaleCheck(on) => ttls.stale_check.store(on, Relaxed),
             Live::CloseToOpen(on) => ttls.close_to_open.store(on, Relaxed),
+            Live::OpenLease(t) => ttls.set_open_lease(t),
             Live::Watch(on) => ttls.watch.store(on, Relaxed),
             Live::SourceTimeout(t) => {
                 let t = crate::health::timeout_for(t, self.caps(), self.source.is_remote());

@@ -15,10 +15,11 @@ use fuser::{BackingId, Errno, FileAttr, FopenFlags};
 
 use super::{CachingFs, FileState, Handle, Inode, OpenKind, Opened, Result, Writes, child, errno};
 use crate::cache::store::first_page_resident;
-use crate::coherence::Notice;
+use crate::coherence::{Notice, OpenLease};
 use crate::fetch::HandleFetch;
 use crate::fetch_pool::Found;
 use crate::health::SourceFile;
+use crate::source::Stat;
 use crate::stats::Stats;
 
 /// How often an open looks at a file again whose record is older than the source while
@@ -253,8 +254,11 @@ impl CachingFs {
         // A reader of a file the watcher covers asks the source nothing while its callback
         // stands (`coherence::Callback`); any other open looks, and may leave a callback.
         let dir = inode.parent();
-        let reader = !writable && flags & libc::O_TRUNC == 0 && self.caps().descriptors;
+        let reading = !writable && flags & libc::O_TRUNC == 0;
+        let reader = reading && self.caps().descriptors;
         let mark = self.coherence.callback_mark(dir).filter(|_| reader);
+        // Where nothing is watched, a recent look may stand instead (`--open-lease`).
+        let lease_reader = reading && mark.is_none();
         let breaks = inode.callback_breaks();
         // Just before the look at the source: the version it shows was current then. A
         // callback that holds now stands for the source now (no event waits).
@@ -263,8 +267,15 @@ impl CachingFs {
             .and_then(|_| inode.callback())
             .filter(|cb| self.coherence.callback_holds(cb, id, dir))
             .and_then(|cb| Some((cb.fd.try_clone().ok()?, cb.stat)));
+        let leased = lease_reader
+            .then(|| inode.open_lease())
+            .flatten()
+            .filter(|l| self.coherence.open_lease_holds(l, dir));
         let looked = if let Some((fd, st)) = called_back {
             Ok((Some(fd), st))
+        } else if let Some(lease) = &leased {
+            looked_at = lease.at;
+            Ok((None, lease.stat))
         } else if !self.caps().descriptors {
             self.source.stat(&path).map(|st| (None, st))
         } else {
@@ -520,10 +531,51 @@ impl CachingFs {
             Stats::add(&self.stats.cache.open_misses, 1);
         }
 
+        if lease_reader {
+            self.settle_open_lease(
+                &inode,
+                guard.as_ref().unwrap(),
+                leased,
+                &st,
+                looked_at,
+                breaks,
+            );
+        }
         // A new version's notice may still be on its way to the kernel: until it has
         // been delivered, the kernel's pages may be of the old version.
         let keep_cache = keep_cache && inode.kernel_pages_current();
         self.finish_open(&inode, guard, writable, source, keep_cache, make_backing)
+    }
+
+    /// After an open for reading where nothing is watched: a look (`st`, taken at
+    /// `looked_at`) that found the cached copy whole and of the version it shows answers
+    /// later opens for `--open-lease` (`coherence::OpenLease`). A lease that answered this
+    /// open but no longer agrees with the cache (the file changed through the mount since,
+    /// so the open looked again) is dropped: the next open looks and takes a new one.
+    fn settle_open_lease(
+        &self,
+        inode: &Inode,
+        state: &FileState,
+        used: Option<OpenLease>,
+        st: &Stat,
+        looked_at: Instant,
+        breaks: u64,
+    ) {
+        let seen = self.identity(st);
+        let current =
+            state.complete() && state.record().identity == seen && (st.dev, st.ino) == inode.key;
+        match used {
+            Some(lease) if !current || self.identity(&lease.stat) != seen => {
+                inode.break_callback();
+            }
+            Some(_) => {}
+            None if current => {
+                if let Some(lease) = self.coherence.open_lease(inode.parent(), st, looked_at) {
+                    inode.grant_open_lease(lease, breaks);
+                }
+            }
+            None => {}
+        }
     }
 
     /// Answers an open whose cache state is loaded: passthrough when the file is whole in
