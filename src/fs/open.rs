@@ -562,8 +562,9 @@ impl CachingFs {
         breaks: u64,
     ) {
         let seen = self.identity(st);
-        let current =
-            state.complete() && state.record().identity == seen && (st.dev, st.ino) == inode.key;
+        // (Where the source renumbers inodes, a node's key is the number of its first look.)
+        let same_file = !self.stable_ino || (st.dev, st.ino) == inode.key;
+        let current = state.complete() && state.record().identity == seen && same_file;
         match used {
             Some(lease) if !current || self.identity(&lease.stat) != seen => {
                 inode.break_callback();
