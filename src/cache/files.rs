@@ -3,22 +3,31 @@
 //! file's identity on write, and not rewritten for a recent last use alone.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use super::record::{CacheRecord, DataIdentity};
-use crate::source::{cvt, fstat};
+use crate::source::{Stat, cvt, fstat};
 
 /// The two open files of one cached source file.
 #[derive(Debug)]
 pub struct CacheFiles {
     pub data: File,
     pub meta: File,
-    /// The record as this process last read it from `meta` or wrote it there
-    /// (`write_record_unless_same`).
-    on_disk: Mutex<Option<CacheRecord>>,
+    /// What this process last read from `meta` or wrote there.
+    on_disk: Mutex<OnDisk>,
+}
+
+/// A record file as this process last read or wrote it; `None`s where unknown (a write
+/// that failed leaves the file as nobody knows).
+#[derive(Debug, Default)]
+struct OnDisk {
+    /// The record (`write_record_unless_same`).
+    rec: Option<CacheRecord>,
+    /// The file's length: a record no shorter is written without looking at it.
+    len: Option<u64>,
 }
 
 impl CacheFiles {
@@ -26,13 +35,13 @@ impl CacheFiles {
         CacheFiles {
             data,
             meta,
-            on_disk: Mutex::new(None),
+            on_disk: Mutex::default(),
         }
     }
 
     /// Puts `meta` in place of the record file and returns the old one.
     pub fn replace_meta(&mut self, meta: File) -> File {
-        *self.on_disk.get_mut().unwrap() = None;
+        *self.on_disk.get_mut().unwrap() = OnDisk::default();
         std::mem::replace(&mut self.meta, meta)
     }
 }
@@ -50,8 +59,11 @@ pub const LAST_USED_GRAIN_MS: u64 = 60_000;
 pub fn read_record(
     files: &CacheFiles,
 ) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
-    let rec = read_record_unchecked(&files.meta)?;
-    *files.on_disk.lock().unwrap() = rec.as_ref().and_then(|r| r.as_ref().ok()).cloned();
+    let (rec, len) = read_record_bytes(&files.meta)?;
+    *files.on_disk.lock().unwrap() = OnDisk {
+        rec: rec.as_ref().and_then(|r| r.as_ref().ok()).cloned(),
+        len: Some(len),
+    };
     // A dirty record is discarded anyway (and its data file was being written).
     if let Some(Ok(r)) = rec.as_ref().filter(|r| matches!(r, Ok(r) if !r.dirty)) {
         let now = DataIdentity::of(&fstat(files.data.as_fd())?);
@@ -69,45 +81,73 @@ pub fn read_record(
 pub fn read_record_unchecked(
     meta: &File,
 ) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
-    let mut buf = Vec::new();
-    let mut f = meta;
-    f.seek(SeekFrom::Start(0))?;
-    f.read_to_end(&mut buf)?;
-    if buf.is_empty() {
-        return Ok(None);
+    read_record_bytes(meta).map(|(rec, _)| rec)
+}
+
+type ReadRecord = Option<Result<CacheRecord, super::record::RecordError>>;
+
+/// The record in `meta` and the file's length, read by offset from its start: no seek,
+/// and no `statx` for a size hint as `read_to_end` takes (records fit one page unless a
+/// file has many chunks).
+fn read_record_bytes(meta: &File) -> io::Result<(ReadRecord, u64)> {
+    let mut buf = vec![0; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(len * 2, 0);
+        }
+        match meta.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
-    Ok(Some(CacheRecord::decode(&buf)))
+    if len == 0 {
+        return Ok((None, 0));
+    }
+    Ok((Some(CacheRecord::decode(&buf[..len])), len as u64))
 }
 
 /// Overwrites the record in place; with `durable` it is on disk when this returns. A torn
 /// in-place write is caught by the record's checksum. The record is stamped with the data
 /// file's current identity: call it after every change hoardfs makes to the data file that
-/// the record should vouch for.
-pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io::Result<()> {
+/// the record should vouch for. Returns the data file's attributes as stamped.
+pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io::Result<Stat> {
     let data = fstat(files.data.as_fd())?;
     if data.nlink == 0 {
         // The data file was replaced (a new version renamed over it, `replace_data`) or
         // removed: the entry is not this record's any more, and another state may own it.
-        return Ok(());
+        return Ok(data);
     }
     let mut rec = rec.clone();
     rec.data = DataIdentity::of(&data);
     let bytes = rec.encode();
+    let new_len = bytes.len() as u64;
     let meta = &files.meta;
-    // Unknown while written: a failed write leaves the file as nobody knows.
     let mut on_disk = files.on_disk.lock().unwrap();
-    *on_disk = None;
+    let known_len = on_disk.len;
+    // Unknown while written: a failed write leaves the file as nobody knows.
+    *on_disk = OnDisk::default();
     meta.write_all_at(&bytes, 0)?;
     // Cut only a longer record's tail: a truncation to the same length is no cheaper
-    // than a stat on ext4 (and this runs at every write of a record).
-    if fstat(meta.as_fd())?.size > bytes.len() as u64 {
-        meta.set_len(bytes.len() as u64)?;
+    // than a stat on ext4 (and this runs at every write of a record). The length last
+    // read or written spares the stat: nothing else writes a record file it has open.
+    let len = match known_len {
+        Some(len) => len,
+        None => fstat(meta.as_fd())?.size,
+    };
+    if len > new_len {
+        meta.set_len(new_len)?;
     }
     if durable {
         meta.sync_data()?;
     }
-    *on_disk = Some(rec);
-    Ok(())
+    *on_disk = OnDisk {
+        rec: Some(rec),
+        len: Some(new_len),
+    };
+    Ok(data)
 }
 
 /// `write_record` (not durable), unless the record on disk, as this process last read or
@@ -115,7 +155,7 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
 /// older, and still vouches for the data file as it is. Returns whether it wrote.
 pub fn write_record_unless_same(files: &CacheFiles, rec: &CacheRecord) -> io::Result<bool> {
     let data = DataIdentity::of(&fstat(files.data.as_fd())?);
-    let same = files.on_disk.lock().unwrap().as_ref().is_some_and(|d| {
+    let same = files.on_disk.lock().unwrap().rec.as_ref().is_some_and(|d| {
         d.data == data
             && rec.last_used.saturating_sub(d.last_used) < LAST_USED_GRAIN_MS
             && CacheRecord {

@@ -368,7 +368,7 @@ impl FileState {
         self.record.dirty = true;
         if let Some(files) = &self.files {
             match write_record(files, &self.record, durable) {
-                Ok(()) => self.durably_dirty |= durable,
+                Ok(_) => self.durably_dirty |= durable,
                 Err(e) => {
                     tracing::warn!("cannot mark cache record dirty: {e}");
                     Stats::add(&env.stats.cache_errors, 1);
@@ -449,9 +449,9 @@ impl FileState {
             let r = write_record(files, &self.record, true);
             let wrong_length = files.data.metadata().map_or(true, |m| m.len() != size);
             match r {
-                Ok(()) if wrong_length || self.passthrough_opens > 0 => self.files = None,
+                Ok(_) if wrong_length || self.passthrough_opens > 0 => self.files = None,
                 // The empty record vouches for nothing; from here the file is hoardfs's.
-                Ok(()) => self.fetch.set_own(
+                Ok(_) => self.fetch.set_own(
                     fstat(files.data.as_fd())
                         .ok()
                         .map(|st| DataIdentity::of(&st)),
@@ -604,7 +604,7 @@ impl FileState {
         };
         self.record.dirty = false;
         match write_record(files, &self.record, false) {
-            Ok(()) => {
+            Ok(_) => {
                 Stats::add(&env.stats.checkpoints, 1);
                 self.nothing_to_commit();
                 self.noted();
@@ -692,14 +692,19 @@ pub(super) fn fresh_data(
     path: Option<&Path>,
     replace: bool,
 ) -> io::Result<bool> {
-    write_record(files, rec, durable)?;
+    let len = write_record(files, rec, durable)?.size;
     let size = rec.identity.size;
-    let len = files.data.metadata()?.len();
     let held = replace || len > 0;
     match path {
         // A new or empty entry of an empty file (every file created through the mount):
         // nothing to cut or size.
         _ if !held && size == 0 => Ok(false),
+        // An empty data file (every new entry) grows as a hole: nothing to cut, and no
+        // block allocated, so nothing to count.
+        _ if !held => {
+            files.data.set_len(size)?;
+            Ok(false)
+        }
         Some(path) if held => {
             // The old file's blocks go when its last holder closes it; the new one
             // starts as a hole.
