@@ -144,6 +144,31 @@ fn fire(armed: &BTreeMap<u64, Armed>, id: u64) -> ! {
         a.log.display(),
         super::log_excerpt(&a.log)
     );
+    // Where each of its threads waits, for a hang that leaves nothing in the log.
+    if let Some(pid) = a.pid {
+        let _ = writeln!(err, "--- its threads (name, state, kernel stack) ---");
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        for task in tasks.flatten() {
+            let p = task.path();
+            let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+            let state = read("stat")
+                .rsplit(") ")
+                .next()
+                .unwrap_or("")
+                .chars()
+                .next();
+            let _ = writeln!(
+                err,
+                "{} {} {state:?}\n{}",
+                task.file_name().to_string_lossy(),
+                read("comm").trim(),
+                read("stack")
+            );
+        }
+        let _ = writeln!(err, "--- end of its threads ---");
+    }
     let take_down = |a: &Armed| {
         let aborted = super::abort_connection(&a.mnt);
         if let Some(pid) = a.pid {
