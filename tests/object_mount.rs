@@ -626,3 +626,48 @@ fn measure_cold_read_against_ranged_gets() {
     );
     assert_eq!(s.bytes_from_source, 0);
 }
+
+/// `--open-lease` on an object store: within the lease an open sends no HEAD (the lease
+/// answers it), so another mount's write is read once a lease's length has passed since
+/// it, and no later; the mount's own write is read by its next open at once.
+#[test]
+fn open_leases_spare_the_head_per_open_and_lapse_in_time() {
+    let v = Versity::start(&[BUCKET]);
+    let c = client(&v);
+    put(&c, "leased.txt", b"version 0");
+    let a = mount(&v, &[]);
+    let b = mount(&v, &["--open-lease", "1"]);
+    let hits = |m: &TestMount| m.stats().coherence.open_lease_hits;
+    for round in 1..=4u32 {
+        let now = format!("version {}", round - 1);
+        assert_eq!(std::fs::read(b.m("leased.txt")).unwrap(), now.as_bytes());
+        let before = hits(&b);
+        assert_eq!(std::fs::read(b.m("leased.txt")).unwrap(), now.as_bytes());
+        assert!(
+            hits(&b) > before,
+            "round {round}: an open answered by the lease"
+        );
+        let next = format!("version {round}");
+        if round % 2 == 0 {
+            // Through this mount: its next open reads it.
+            std::fs::write(b.m("leased.txt"), next.as_bytes()).unwrap();
+            assert_eq!(std::fs::read(b.m("leased.txt")).unwrap(), next.as_bytes());
+            continue;
+        }
+        std::fs::write(a.m("leased.txt"), next.as_bytes()).unwrap();
+        let written = std::time::Instant::now();
+        loop {
+            let began = written.elapsed();
+            let got = std::fs::read(b.m("leased.txt")).unwrap();
+            if got == next.as_bytes() {
+                break;
+            }
+            assert_eq!(got, now.as_bytes(), "round {round}: neither version");
+            assert!(
+                began < Duration::from_secs(1),
+                "round {round}: the old version read {began:?} after the write"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
