@@ -8,7 +8,8 @@
 //! except opens that fail with ESTALE when a file is replaced twice within the kernel's
 //! retry of one open: counted, and bounded at one in 50 opens.
 //!
-//! Three sources: a watched local directory, the same unwatched (`--watch off`), and a FUSE
+//! Three sources: a watched local directory, the same unwatched (`--watch off`, also with
+//! open leases), and a FUSE
 //! source whose timestamps cannot tell (`examples/coarse_fs.rs`: whole-second mtimes, no
 //! ctime, its own inode numbers, as SSHFS over sftp).
 //!
@@ -164,10 +165,11 @@ fn change(real: &Path, outside: &Path, f: usize, v: u64, how: Change) {
             let tmp = real.join(format!(".tmp{f}"));
             fs::write(&tmp, &data).unwrap();
             fs::rename(&tmp, &p).unwrap();
-            // The outside link follows the name's new inode.
+            // The outside link (where the hunt keeps them) follows the name's new inode.
             let link = outside.join(name(f));
-            let _ = fs::remove_file(&link);
-            fs::hard_link(&p, &link).unwrap();
+            if fs::remove_file(&link).is_ok() {
+                fs::hard_link(&p, &link).unwrap();
+            }
         }
         Change::ThroughOutsideLink => write_in_place(&outside.join(name(f)), &data),
         Change::TouchR => {
@@ -262,6 +264,12 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
     let counts = Arc::new(Counts::default());
     let stop = Arc::new(AtomicBool::new(false));
     t.allow_time(Duration::from_secs(secs()));
+    if !changes.contains(&Change::ThroughOutsideLink) {
+        // Files with one link: the ones callbacks and open leases are given to.
+        for f in 0..SIZES.len() {
+            fs::remove_file(t.base().join("outside").join(name(f))).unwrap();
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(secs());
     let mut threads = Vec::new();
 
@@ -403,11 +411,14 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
         th.join().unwrap();
     }
     let c = &counts;
+    let answered = t.stats().coherence;
     let summary = format!(
-        "{label}: {} s, {} changes, {} reads, {} held reads, {} listings: {} wrong, {} errors, {} ESTALE, {} stale beyond {bound:?}, {} listings wrong; first of each: {:?}",
+        "{label}: {} s, {} changes, {} reads ({} opens answered by a callback, {} by an open lease), {} held reads, {} listings: {} wrong, {} errors, {} ESTALE, {} stale beyond {bound:?}, {} listings wrong; first of each: {:?}",
         secs(),
         c.changes.load(SeqCst),
         c.reads.load(SeqCst),
+        answered.callback_hits,
+        answered.open_lease_hits,
         c.held_reads.load(SeqCst),
         c.listings.load(SeqCst),
         c.wrong.load(SeqCst),
@@ -458,6 +469,34 @@ fn no_wrong_or_stale_bytes_on_an_unwatched_local_source() {
         &["--watch", "off"],
         &ALL,
         Duration::from_millis(100),
+    );
+}
+
+/// The changes that leave each file one link (no outside link is kept): files that the
+/// watcher's callbacks and open leases cover.
+const ONE_LINK: [Change; 3] = [Change::InPlace, Change::RenameOver, Change::TouchR];
+
+#[test]
+fn no_wrong_or_stale_bytes_on_a_watched_local_source_under_callbacks() {
+    hunt(
+        "watched, one link",
+        false,
+        &[],
+        &ONE_LINK,
+        Duration::from_millis(100),
+    );
+}
+
+/// With open leases (`--open-lease 0.3`) an open may answer from a look up to 0.3 s old:
+/// the bound grows by that, and nothing else changes (no wrong bytes, no wrong listings).
+#[test]
+fn no_wrong_or_stale_bytes_on_an_unwatched_local_source_with_open_leases() {
+    hunt(
+        "unwatched, open leases",
+        false,
+        &["--watch", "off", "--open-lease", "0.3"],
+        &ONE_LINK,
+        Duration::from_millis(400),
     );
 }
 
