@@ -13,6 +13,7 @@ pub mod fs;
 pub mod fuse_adapter;
 pub mod health;
 pub mod inode;
+pub mod kernel_notify;
 pub mod logging;
 pub mod manpage;
 pub mod metrics;

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use fuser::{INodeNo, MountOption, Session, SessionACL};
+use fuser::{MountOption, Session, SessionACL};
 
 use crate::cache::CacheStore;
 use crate::coherence::Notice;
@@ -235,7 +235,10 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
 
     let daemon = Threads::new("daemon");
     daemon.on_stop(move || drop(inval_wake.send(None)));
-    let notifier = session.notifier();
+    // On a descriptor table of its own (`kernel_notify.rs`): a `kill -9` must not leave
+    // the daemon stuck in an invalidation that waits for a request it will never answer.
+    let notifier = crate::kernel_notify::KernelNotifier::start(std::os::fd::AsFd::as_fd(&session))
+        .context("cannot start the kernel notification thread")?;
     let table_fs = Arc::downgrade(&fs);
     daemon.spawn("invalidate", move |stop| {
         let mut next_tick = Instant::now();
@@ -244,7 +247,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
                 Ok(Some(Notice::Inode(id))) => {
                     let inode = table_fs.upgrade().and_then(|fs| fs.inodes.get(id));
                     let version = inode.as_ref().map(|i| i.content_version());
-                    match notifier.inval_inode(INodeNo(id), 0, 0) {
+                    match notifier.inval_inode(id) {
                         // (ENOENT: the kernel has no such node, so no pages of it.)
                         Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
                             tracing::debug!("inval_inode({id}): {e}");
@@ -258,7 +261,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
                 }
                 Ok(Some(Notice::Entry(parent, name))) => {
                     tracing::trace!("inval_entry({parent}, {name:?})");
-                    if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
+                    if let Err(e) = notifier.inval_entry(parent, &name) {
                         tracing::debug!("inval_entry({parent}, {name:?}): {e}");
                     }
                 }
@@ -274,7 +277,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
                 w.prune(|id| fs.inodes.get(id).is_some());
             }
             for (parent, name) in fs.inodes.maintain() {
-                if let Err(e) = notifier.inval_entry(INodeNo(parent), &name) {
+                if let Err(e) = notifier.inval_entry(parent, &name) {
                     tracing::debug!("inval_entry({parent}, {name:?}): {e}");
                 }
             }
