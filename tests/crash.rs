@@ -11,7 +11,9 @@
 mod common;
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,6 +50,25 @@ fn record(i: u64) -> Vec<u8> {
     pattern(REC as usize, 1000 + i)
 }
 
+/// Opens `path` on the mount for writing without `O_CLOEXEC`. A killed daemon can be left
+/// a zombie by the kernel (an invalidation waiting for a directory lock that a request
+/// nobody will read holds) until the next mount aborts its connection. The next mount's
+/// daemon is spawned from this process: had it inherited close-on-exec descriptors of
+/// files open for writing on the old mount, its `execve` would close them, and a close of
+/// such a file sends a FLUSH that waits, uninterruptibly, for that zombie. Inherited
+/// instead, they are closed at the daemon's own exit, after it aborted the old connection.
+fn open_for_writing(path: &Path, flags: i32) -> std::io::Result<fs::File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a plain open(2); the descriptor is owned by the returned File.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | flags, 0o644) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { fs::File::from_raw_fd(fd) })
+}
+
 fn workers(
     t: &TestMount,
     acks: &Arc<Acks>,
@@ -58,7 +79,7 @@ fn workers(
     {
         let (acks, stop, p) = (acks.clone(), stop.clone(), t.m("log"));
         v.push(std::thread::spawn(move || {
-            let Ok(f) = fs::OpenOptions::new().write(true).open(&p) else {
+            let Ok(f) = open_for_writing(&p, 0) else {
                 return;
             };
             let mut i = acks.written.load(Ordering::SeqCst);
@@ -83,10 +104,7 @@ fn workers(
                 n += 1;
                 let size = (n * 7919) % 300_000;
                 acks.truncating.store(size, Ordering::SeqCst);
-                let r = fs::OpenOptions::new()
-                    .write(true)
-                    .open(&p)
-                    .and_then(|f| f.set_len(size));
+                let r = open_for_writing(&p, 0).and_then(|f| f.set_len(size));
                 if r.is_err() {
                     return;
                 }
@@ -115,7 +133,9 @@ fn workers(
         v.push(std::thread::spawn(move || {
             let mut i = acks.created.load(Ordering::SeqCst);
             while !stop.load(Ordering::Relaxed) {
-                if fs::write(mnt.join(format!("n.{i}")), created(i)).is_err() {
+                let made =
+                    open_for_writing(&mnt.join(format!("n.{i}")), libc::O_CREAT | libc::O_TRUNC);
+                if made.and_then(|mut f| f.write_all(&created(i))).is_err() {
                     return;
                 }
                 i += 1;
