@@ -39,17 +39,27 @@ impl KernelNotifier {
     /// `notify`; it ends when the notifier is dropped).
     pub fn start(session: BorrowedFd<'_>) -> io::Result<KernelNotifier> {
         let dev = clone_device(session)?;
+        let number = dev.as_raw_fd();
         let (tx, rx) = mpsc::channel::<(Vec<u8>, Reply)>();
+        let (alone_tx, alone_rx) = mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("notify".into())
             .spawn(move || {
-                if let Err(e) = keep_only(dev.as_fd()) {
+                let alone = keep_only(dev.as_fd());
+                if let Err(e) = &alone {
                     tracing::warn!("notify thread shares the daemon's descriptors: {e}");
                 }
+                let _ = alone_tx.send(alone.is_ok());
                 for (msg, reply) in rx {
                     let _ = reply.send(write_all(dev.as_fd(), &msg));
                 }
             })?;
+        // Once the thread has a table of its own, the daemon's copy of the device goes
+        // (the thread's `OwnedFd` closes the number in its own table only).
+        if alone_rx.recv() == Ok(true) {
+            // SAFETY: `number` is open in this table, and nothing here owns it any more.
+            unsafe { libc::close(number) };
+        }
         Ok(KernelNotifier { tx })
     }
 
