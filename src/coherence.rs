@@ -377,7 +377,7 @@ impl Coherence {
     /// in place of their own (`OpenLease`): `None` where the watcher's callbacks answer
     /// instead, or where opens must ask the source (no lease set, `close_to_open`, stale
     /// checks off).
-    fn open_lease_term(&self, dir: u64) -> Option<Duration> {
+    pub fn open_lease_term(&self, dir: u64) -> Option<Duration> {
         let t = &self.tunables;
         let ms = t.open_lease_ms.load(Relaxed);
         (ms > 0

@@ -533,21 +533,7 @@ fn callbacks_answer_opens_until_any_change_breaks_them() {
         );
         let next = format!("v{:04}", round + 1);
         match round % 4 {
-            // In place, same size.
-            0 => fs::OpenOptions::new()
-                .write(true)
-                .open(&src)
-                .unwrap()
-                .write_all_at(next.as_bytes(), 0)
-                .unwrap(),
-            // Truncated and rewritten.
-            1 => fs::write(&src, next.as_bytes()).unwrap(),
-            // Renamed over.
-            2 => {
-                let tmp = t.s(".f.tmp");
-                fs::write(&tmp, next.as_bytes()).unwrap();
-                fs::rename(&tmp, &src).unwrap();
-            }
+            how @ 0..=2 => change_f_behind(&t, how, &next),
             // Through a hard link made outside the source after the grant: only the
             // watch on the file itself sees the new link and the write.
             _ => {
@@ -587,6 +573,26 @@ fn callbacks_answer_opens_until_any_change_breaks_them() {
         before,
         "close_to_open=on answers no open by callback"
     );
+}
+
+/// Writes `data` to the source's `f` behind the mount: 0 in place (same size), 1
+/// truncated and rewritten, 2 renamed over.
+fn change_f_behind(t: &TestMount, how: u32, data: &str) {
+    let src = t.s("f");
+    match how {
+        0 => fs::OpenOptions::new()
+            .write(true)
+            .open(&src)
+            .unwrap()
+            .write_all_at(data.as_bytes(), 0)
+            .unwrap(),
+        1 => fs::write(&src, data).unwrap(),
+        _ => {
+            let tmp = t.s(".f.tmp");
+            fs::write(&tmp, data).unwrap();
+            fs::rename(&tmp, &src).unwrap();
+        }
+    }
 }
 
 fn hoardfs_set(t: &TestMount, kv: &str) {
@@ -803,19 +809,7 @@ fn open_leases_answer_opens_for_their_length_and_own_writes_at_once() {
         let next = format!("v{:04}", round + 1);
         let changed = std::time::Instant::now();
         match round % 4 {
-            // Behind the mount: in place (same size), truncated and rewritten, renamed over.
-            0 => fs::OpenOptions::new()
-                .write(true)
-                .open(&src)
-                .unwrap()
-                .write_all_at(next.as_bytes(), 0)
-                .unwrap(),
-            1 => fs::write(&src, next.as_bytes()).unwrap(),
-            2 => {
-                let tmp = t.s(".f.tmp");
-                fs::write(&tmp, next.as_bytes()).unwrap();
-                fs::rename(&tmp, &src).unwrap();
-            }
+            how @ 0..=2 => change_f_behind(&t, how, &next),
             // Through the mount: the next open reads it, lease or not.
             _ => {
                 fs::OpenOptions::new()

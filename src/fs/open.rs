@@ -257,8 +257,10 @@ impl CachingFs {
         let reading = !writable && flags & libc::O_TRUNC == 0;
         let reader = reading && self.caps().descriptors;
         let mark = self.coherence.callback_mark(dir).filter(|_| reader);
-        // Where nothing is watched, a recent look may stand instead (`--open-lease`).
-        let lease_reader = reading && mark.is_none();
+        // Where nothing is watched, a recent look may stand instead (`--open-lease`; with
+        // it off, nothing here touches the entry's slot).
+        let lease_reader =
+            reading && mark.is_none() && self.coherence.open_lease_term(dir).is_some();
         let breaks = inode.callback_breaks();
         // Just before the look at the source: the version it shows was current then. A
         // callback that holds now stands for the source now (no event waits).
