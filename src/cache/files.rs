@@ -20,14 +20,17 @@ pub struct CacheFiles {
     on_disk: Mutex<OnDisk>,
 }
 
-/// A record file as this process last read or wrote it; `None`s where unknown (a write
-/// that failed leaves the file as nobody knows).
+/// A record file as this process last read or wrote it through these files; `None` where
+/// unknown (a write that failed leaves the file as nobody knows).
+///
+/// Its length is not remembered: another `CacheFiles` may write the same record file
+/// meanwhile (two states of one path while a file replaced behind the mount is found,
+/// the cleaner's edit of a closed entry), and a length remembered from before such a write
+/// left its longer tail behind a shorter record (a checksum mismatch at the next read).
 #[derive(Debug, Default)]
 struct OnDisk {
     /// The record (`write_record_unless_same`).
     rec: Option<CacheRecord>,
-    /// The file's length: a record no shorter is written without looking at it.
-    len: Option<u64>,
 }
 
 impl CacheFiles {
@@ -59,10 +62,9 @@ pub const LAST_USED_GRAIN_MS: u64 = 60_000;
 pub fn read_record(
     files: &CacheFiles,
 ) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
-    let (rec, len) = read_record_bytes(&files.meta)?;
+    let rec = read_record_bytes(&files.meta)?;
     *files.on_disk.lock().unwrap() = OnDisk {
         rec: rec.as_ref().and_then(|r| r.as_ref().ok()).cloned(),
-        len: Some(len),
     };
     // A dirty record is discarded anyway (and its data file was being written).
     if let Some(Ok(r)) = rec.as_ref().filter(|r| matches!(r, Ok(r) if !r.dirty)) {
@@ -81,15 +83,14 @@ pub fn read_record(
 pub fn read_record_unchecked(
     meta: &File,
 ) -> io::Result<Option<Result<CacheRecord, super::record::RecordError>>> {
-    read_record_bytes(meta).map(|(rec, _)| rec)
+    read_record_bytes(meta)
 }
 
 type ReadRecord = Option<Result<CacheRecord, super::record::RecordError>>;
 
-/// The record in `meta` and the file's length, read by offset from its start: no seek,
-/// and no `statx` for a size hint as `read_to_end` takes (records fit one page unless a
-/// file has many chunks).
-fn read_record_bytes(meta: &File) -> io::Result<(ReadRecord, u64)> {
+/// The record in `meta`, read by offset from its start: no seek, and no `statx` for a size
+/// hint as `read_to_end` takes (records fit one page unless a file has many chunks).
+fn read_record_bytes(meta: &File) -> io::Result<ReadRecord> {
     let mut buf = vec![0; 4096];
     let mut len = 0;
     loop {
@@ -104,9 +105,9 @@ fn read_record_bytes(meta: &File) -> io::Result<(ReadRecord, u64)> {
         }
     }
     if len == 0 {
-        return Ok((None, 0));
+        return Ok(None);
     }
-    Ok((Some(CacheRecord::decode(&buf[..len])), len as u64))
+    Ok(Some(CacheRecord::decode(&buf[..len])))
 }
 
 /// Overwrites the record in place; with `durable` it is on disk when this returns. A torn
@@ -126,27 +127,18 @@ pub fn write_record(files: &CacheFiles, rec: &CacheRecord, durable: bool) -> io:
     let new_len = bytes.len() as u64;
     let meta = &files.meta;
     let mut on_disk = files.on_disk.lock().unwrap();
-    let known_len = on_disk.len;
     // Unknown while written: a failed write leaves the file as nobody knows.
     *on_disk = OnDisk::default();
     meta.write_all_at(&bytes, 0)?;
     // Cut only a longer record's tail: a truncation to the same length is no cheaper
-    // than a stat on ext4 (and this runs at every write of a record). The length last
-    // read or written spares the stat: nothing else writes a record file it has open.
-    let len = match known_len {
-        Some(len) => len,
-        None => fstat(meta.as_fd())?.size,
-    };
-    if len > new_len {
+    // than a stat on ext4 (and this runs at every write of a record).
+    if fstat(meta.as_fd())?.size > new_len {
         meta.set_len(new_len)?;
     }
     if durable {
         meta.sync_data()?;
     }
-    *on_disk = OnDisk {
-        rec: Some(rec),
-        len: Some(new_len),
-    };
+    *on_disk = OnDisk { rec: Some(rec) };
     Ok(data)
 }
 

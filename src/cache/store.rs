@@ -771,6 +771,27 @@ mod tests {
         assert!(matches!(read_record(&f), Ok(Some(Ok(_)))));
     }
 
+    /// Two openings of one entry (two states of one path at once): a shorter record
+    /// written through one after a longer one was written through the other leaves no
+    /// tail of the longer behind it (the session-18 regression: a length remembered from
+    /// the first opening's read cut nothing, and the next read failed its checksum).
+    #[test]
+    fn a_shorter_record_after_another_openings_longer_one_reads_back_whole() {
+        let c = tempfile::tempdir().unwrap();
+        let s = CacheStore::open(&c.path().join("cache")).unwrap();
+        let short = CacheRecord::empty(SourceIdentity::default(), 4);
+        let one = s.open_files(Path::new("f")).unwrap();
+        write_record(&one, &short, false).unwrap();
+        assert!(matches!(read_record(&one), Ok(Some(Ok(_)))));
+        let other = s.open_existing(Path::new("f")).unwrap();
+        let mut long = short.clone();
+        long.resize(4 << 20);
+        write_record(&other, &long, false).unwrap();
+        write_record(&one, &short, false).unwrap();
+        let back = read_record(&other).unwrap().unwrap();
+        assert_eq!(back.map(|r| r.identity), Ok(short.identity));
+    }
+
     /// A record whose only change is a last use less than `LAST_USED_GRAIN_MS` later is
     /// not rewritten; any other change, a later use, or a data file changed since, is.
     #[test]
