@@ -24,12 +24,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, UNWATCHED_TTL, WATCHED_TTL, WatchMode};
+use crate::kernel_notify::AttrDropper;
 
 mod watcher;
 pub use watcher::{Batch, Watcher};
@@ -71,6 +72,9 @@ pub struct Counters {
     pub watch_failures: AtomicU64,
     pub inval_inode: AtomicU64,
     pub inval_entry: AtomicU64,
+    /// Opens that made the kernel drop a node's attributes before their reply
+    /// (`drop_kernel_attrs`).
+    pub attr_drops: AtomicU64,
     pub leases_granted: AtomicU64,
     pub leases_expired: AtomicU64,
     pub changes_detected: AtomicU64,
@@ -101,6 +105,9 @@ pub struct CoherenceSnapshot {
     /// Kernel notifications sent: inode (attributes, data, listings) and entry (names).
     pub inval_inode: u64,
     pub inval_entry: u64,
+    /// Opens served by the daemon that first made the kernel drop a file's attributes: the
+    /// size it held was not the size of the version they serve (`kernel_notify::AttrDropper`).
+    pub attr_drops: u64,
     pub leases_active: u64,
     pub leases_granted: u64,
     pub leases_expired: u64,
@@ -214,6 +221,8 @@ pub struct Coherence {
     pub watcher: Option<Watcher>,
     pub leases: Leases,
     notify: Box<dyn Fn(Notice) + Send + Sync>,
+    /// Set once the mount exists (`set_attr_dropper`); none in-process.
+    attr_dropper: OnceLock<AttrDropper>,
 }
 
 impl Coherence {
@@ -240,6 +249,24 @@ impl Coherence {
             watcher,
             leases: Leases::default(),
             notify: Box::new(|_| {}),
+            attr_dropper: OnceLock::new(),
+        }
+    }
+
+    /// The mount's way to drop a node's attributes from a request's own thread.
+    pub fn set_attr_dropper(&self, d: AttrDropper) {
+        let _ = self.attr_dropper.set(d);
+    }
+
+    /// Makes the kernel drop node `id`'s attributes before this thread goes on (a request
+    /// may call it before its reply: it waits for no lock, `AttrDropper`). Fails only if
+    /// the connection is gone, which the reply will find too.
+    pub fn drop_kernel_attrs(&self, id: u64) {
+        if let Some(d) = self.attr_dropper.get() {
+            self.counters.attr_drops.fetch_add(1, Relaxed);
+            if let Err(e) = d.drop_attrs(id) {
+                tracing::debug!("dropping the kernel's attributes of {id}: {e}");
+            }
         }
     }
 
@@ -421,6 +448,7 @@ impl Coherence {
             watch_failures: c.watch_failures.load(Relaxed),
             inval_inode: c.inval_inode.load(Relaxed),
             inval_entry: c.inval_entry.load(Relaxed),
+            attr_drops: c.attr_drops.load(Relaxed),
             leases_active: self.leases.len() as u64,
             leases_granted: c.leases_granted.load(Relaxed),
             leases_expired: c.leases_expired.load(Relaxed),

@@ -283,6 +283,15 @@ fn time(t: (i64, u32)) -> SystemTime {
     }
 }
 
+/// `inode`'s attributes for a reply to the kernel, which takes the file's size from them:
+/// remembered (`Inode::told_kernel_size`), so that an open serving another size makes the
+/// kernel drop it (`finish_open`). Every reply that gives a node's attributes takes them
+/// from here (a listing's entry for its own directory aside).
+pub fn attr_told(inode: &Inode, st: &Stat) -> FileAttr {
+    inode.told_kernel_size(st.size);
+    attr_of(inode.id, st)
+}
+
 pub fn attr_of(id: u64, st: &Stat) -> FileAttr {
     FileAttr {
         ino: fuser::INodeNo(id),

@@ -141,6 +141,10 @@ pub struct Inode<F> {
     /// must not leave a window in which an open keeps pages of the old version.
     content: AtomicU64,
     pages_dropped: AtomicU64,
+    /// The size the last reply with this node's attributes gave the kernel
+    /// (`told_kernel_size`), with `TOLD_CHANGED` set unless the reply before it gave the
+    /// same: the kernel cuts cached reads at the size it holds, which is one of these.
+    told_size: AtomicU64,
     /// A request through a kernel open (`fs/kernel_opens.rs`) was served: the kernel may
     /// hold pages of the file that no open of ours decided on.
     served_kernel_open: AtomicBool,
@@ -155,6 +159,9 @@ pub struct Inode<F> {
     callback: Mutex<Option<Box<Held>>>,
     breaks: AtomicU64,
 }
+
+/// In `Inode::told_size`: the last reply told another size than the one before it.
+const TOLD_CHANGED: u64 = 1 << 63;
 
 /// What an entry's callback slot holds: a file's look at the source (under callback or
 /// lease), or a directory's listing.
@@ -216,6 +223,7 @@ impl<F> Inode<F> {
             index: index.clone(),
             content: AtomicU64::new(0),
             pages_dropped: AtomicU64::new(0),
+            told_size: AtomicU64::new(u64::MAX),
             served_kernel_open: AtomicBool::new(false),
             handed_out: AtomicBool::new(false),
             callback: Mutex::new(None),
@@ -316,6 +324,27 @@ impl<F> Inode<F> {
     /// A handle of the node is about to be given to the kernel.
     pub fn hand_out(&self) {
         self.handed_out.store(true, Ordering::SeqCst);
+    }
+
+    /// A reply is about to give the kernel attributes of this node with size `size`.
+    pub fn told_kernel_size(&self, size: u64) {
+        let _ = (self.told_size).fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+            // (The first: the kernel held none before it.)
+            Some(if old & !TOLD_CHANGED == size || old == u64::MAX {
+                size
+            } else {
+                size | TOLD_CHANGED
+            })
+        });
+    }
+
+    /// Whether the kernel holds `size` as the node's size: the last two replies that gave
+    /// it attributes gave that size. Replies are applied by the requesting thread after
+    /// they are written, in any order (and one sent before another was applied is
+    /// dropped), so the kernel may hold the one before the last for a while; older ones
+    /// only if two of their replies were still in flight. `false` until a reply told any.
+    pub fn kernel_holds_size(&self, size: u64) -> bool {
+        self.told_size.load(Ordering::Acquire) == size
     }
 
     /// Whether a handle of the node was ever given to the kernel (`hand_out`): if not, the

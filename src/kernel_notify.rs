@@ -15,6 +15,9 @@
 //! writer's wait ends too. fuser's `Notifier` writes on the session's own descriptor, so
 //! the two messages are built here (`fuse_kernel.h`: `fuse_out_header` with `unique` 0 and
 //! the notification's code as `error`, then its body).
+//!
+//! One notification is written from the calling thread instead (`AttrDropper`): dropping
+//! a node's attributes alone waits for no lock, so a request may send it before its reply.
 
 use std::ffi::OsStr;
 use std::io::{self, IoSlice};
@@ -65,11 +68,7 @@ impl KernelNotifier {
 
     /// The kernel drops node `ino`'s attributes and cached data (all of it).
     pub fn inval_inode(&self, ino: u64) -> io::Result<()> {
-        let mut body = Vec::with_capacity(24);
-        body.extend_from_slice(&ino.to_ne_bytes());
-        body.extend_from_slice(&0i64.to_ne_bytes());
-        body.extend_from_slice(&0i64.to_ne_bytes());
-        self.send(FUSE_NOTIFY_INVAL_INODE, &body)
+        self.send(message(FUSE_NOTIFY_INVAL_INODE, &inval_inode_body(ino, 0)))
     }
 
     /// The kernel drops the name `name` in directory `parent`.
@@ -83,21 +82,71 @@ impl KernelNotifier {
         body.extend_from_slice(&0u32.to_ne_bytes()); // flags
         body.extend_from_slice(name);
         body.push(0);
-        self.send(FUSE_NOTIFY_INVAL_ENTRY, &body)
+        self.send(message(FUSE_NOTIFY_INVAL_ENTRY, &body))
     }
 
-    fn send(&self, code: i32, body: &[u8]) -> io::Result<()> {
-        let len = 16 + body.len();
-        let mut msg = Vec::with_capacity(len);
-        msg.extend_from_slice(&(len as u32).to_ne_bytes());
-        msg.extend_from_slice(&code.to_ne_bytes());
-        msg.extend_from_slice(&0u64.to_ne_bytes()); // unique: a notification
-        msg.extend_from_slice(body);
+    fn send(&self, msg: Vec<u8>) -> io::Result<()> {
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         let gone = || io::Error::other("the notify thread is gone");
         self.tx.send((msg, reply_tx)).map_err(|_| gone())?;
         reply_rx.recv().map_err(|_| gone())?
     }
+}
+
+/// Drops the kernel's attributes of a node from the calling thread, on a clone of the FUSE
+/// device of its own.
+///
+/// The kernel takes a file's size from the last attributes it was given and cuts its
+/// cached reads there (`fuse_cache_read_iter` asks again only once they are dropped or
+/// expired). An open served by the daemon whose version has another size than the one the
+/// kernel holds (the file replaced or resized behind the mount since) drops them before
+/// its reply, or the reader's reads end at the old size. A notice from the notify thread
+/// could arrive after the first read (it may wait behind an entry's invalidation, which
+/// waits for a directory lock); this one cannot, and needs no lock itself: with a
+/// negative offset, `fuse_reverse_inval_inode` only bumps the node's attribute version and
+/// marks its attributes stale (so a reply to a request sent before it is not applied
+/// either), and invalidates no pages.
+pub struct AttrDropper {
+    dev: OwnedFd,
+}
+
+impl AttrDropper {
+    pub fn new(session: BorrowedFd<'_>) -> io::Result<AttrDropper> {
+        Ok(AttrDropper {
+            dev: clone_device(session)?,
+        })
+    }
+
+    /// The kernel drops node `ino`'s attributes (not its pages). `ENOENT`: it holds no
+    /// such node, so no attributes of it.
+    pub fn drop_attrs(&self, ino: u64) -> io::Result<()> {
+        let msg = message(FUSE_NOTIFY_INVAL_INODE, &inval_inode_body(ino, -1));
+        match write_all(self.dev.as_fd(), &msg) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+}
+
+/// `fuse_notify_inval_inode_out`: the node, and the offset its page invalidation starts at
+/// (negative: none) with length 0 (to the end).
+fn inval_inode_body(ino: u64, offset: i64) -> Vec<u8> {
+    let mut body = Vec::with_capacity(24);
+    body.extend_from_slice(&ino.to_ne_bytes());
+    body.extend_from_slice(&offset.to_ne_bytes());
+    body.extend_from_slice(&0i64.to_ne_bytes());
+    body
+}
+
+/// A notification: `fuse_out_header` with `unique` 0 and the code as `error`, then `body`.
+fn message(code: i32, body: &[u8]) -> Vec<u8> {
+    let len = 16 + body.len();
+    let mut msg = Vec::with_capacity(len);
+    msg.extend_from_slice(&(len as u32).to_ne_bytes());
+    msg.extend_from_slice(&code.to_ne_bytes());
+    msg.extend_from_slice(&0u64.to_ne_bytes()); // unique: a notification
+    msg.extend_from_slice(body);
+    msg
 }
 
 /// A new descriptor of the FUSE connection that `session` is one of.

@@ -484,6 +484,12 @@ fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Res
             h.inval_inode,
         ),
         (
+            "hoardfs_kernel_attr_drops_total",
+            Counter,
+            "Opens that made the kernel drop a file's attributes first (it held another size).",
+            h.attr_drops,
+        ),
+        (
             "hoardfs_kernel_inval_entry_total",
             Counter,
             "Kernel notifications dropping names.",

@@ -239,6 +239,10 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     // the daemon stuck in an invalidation that waits for a request it will never answer.
     let notifier = crate::kernel_notify::KernelNotifier::start(std::os::fd::AsFd::as_fd(&session))
         .context("cannot start the kernel notification thread")?;
+    // Opens drop a node's attributes themselves, before their reply (`AttrDropper`).
+    let dropper = crate::kernel_notify::AttrDropper::new(std::os::fd::AsFd::as_fd(&session))
+        .context("cannot clone the FUSE device")?;
+    fs.coherence.set_attr_dropper(dropper);
     let table_fs = Arc::downgrade(&fs);
     daemon.spawn("invalidate", move |stop| {
         let mut next_tick = Instant::now();

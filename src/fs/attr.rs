@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileAttr};
 
-use super::{CachingFs, Inode, Result, attr_of, entry, errno};
+use super::{CachingFs, Inode, Result, attr_told, entry, errno};
 
 use crate::coherence::Notice;
 use crate::source::SourceReader;
@@ -33,8 +33,8 @@ impl CachingFs {
 
     fn getattr_online(&self, id: u64, fh: Option<u64>) -> Result<FileAttr> {
         let mut st = self.getattr_source(id, fh)?;
-        if let Ok(inode) = self.inode(id)
-            && inode.is_retired()
+        let inode = self.inode(id)?;
+        if inode.is_retired()
             && let Some(state) = inode.file().as_ref()
         {
             // Handles that kept an old version see its size and times, as they read it.
@@ -44,7 +44,7 @@ impl CachingFs {
             st.mtime = kept.mtime;
             st.ctime = kept.ctime;
         }
-        Ok(attr_of(id, &st))
+        Ok(attr_told(&inode, &st))
     }
 
     fn getattr_source(&self, id: u64, fh: Option<u64>) -> Result<Stat> {
@@ -208,7 +208,7 @@ impl CachingFs {
         if let (true, Some(path)) = (after.is_file(), &path) {
             self.own_change(path, &before, &after, attr.mtime.is_some());
         }
-        Ok(attr_of(id, &after))
+        Ok(attr_told(&inode, &after))
     }
 
     /// The `O_PATH` descriptor of node `inode`'s file while its state is loaded (a regular
@@ -327,7 +327,7 @@ impl CachingFs {
             }
         }
         r.map_err(errno)?;
-        Ok(attr_of(inode.id, &after.map_err(errno)?))
+        Ok(attr_told(inode, &after.map_err(errno)?))
     }
 
     pub fn statfs(&self) -> Result<libc::statvfs> {

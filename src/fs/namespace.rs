@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileAttr};
 
-use super::{CachingFs, FileState, Inode, Result, attr_of, child, errno};
+use super::{CachingFs, FileState, Inode, Result, attr_told, child, errno};
 use crate::source::{SetAttr, Stat};
 use crate::sync::MutexGuard;
 
@@ -36,7 +36,7 @@ impl CachingFs {
         let mut st = self.source.stat(&path).map_err(errno)?;
         let inode = self.inodes.lookup(parent, &path, &st);
         self.pending_attr(inode.id, seen, &mut st);
-        Ok(attr_of(inode.id, &st))
+        Ok(attr_told(&inode, &st))
     }
 
     pub fn forget(&self, id: u64, n: u64) {
@@ -90,7 +90,7 @@ impl CachingFs {
             None => self.source.stat(path).map_err(errno)?,
         };
         let inode = self.inodes.lookup(parent, path, &st);
-        Ok((attr_of(inode.id, &st), st))
+        Ok((attr_told(&inode, &st), st))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -335,6 +335,6 @@ impl CachingFs {
         inode.set_path(&from);
         inode.set_path(&to);
         inode.set_path(&from);
-        Ok(attr_of(inode.id, &st))
+        Ok(attr_told(&inode, &st))
     }
 }

@@ -17,7 +17,7 @@ use fuser::{Errno, FileAttr, FopenFlags};
 
 use super::Inode;
 use super::{
-    CachingFs, FileState, Handle, OpenKind, Opened, Result, Writes, attr_of, cache_failed, child,
+    CachingFs, FileState, Handle, OpenKind, Opened, Result, Writes, attr_told, cache_failed, child,
     errno,
 };
 use crate::fetch::HandleFetch;
@@ -171,7 +171,7 @@ impl CachingFs {
             }
         }
         Ok((
-            attr_of(inode.id, &st),
+            attr_told(&inode, &st),
             self.cache_write_handle(&inode, Writes::Uploaded),
         ))
     }
@@ -240,7 +240,7 @@ impl CachingFs {
         let st = self.source.mkdir_owned(&path, mode, owner).map_err(errno)?;
         self.listing_changed(&dir);
         let inode = self.inodes.lookup(parent, &path, &st);
-        Ok(attr_of(inode.id, &st))
+        Ok(attr_told(&inode, &st))
     }
 
     /// setattr on an object store: a size change goes through the cache file and is
@@ -298,7 +298,7 @@ impl CachingFs {
             }
         }
         self.pending_attr(inode.id, seen, &mut after);
-        Ok(attr_of(inode.id, &after))
+        Ok(attr_told(inode, &after))
     }
 
     fn object_truncate(&self, inode: &Arc<Inode>, path: &Path, st: &Stat, size: u64) -> Result<()> {

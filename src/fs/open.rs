@@ -631,9 +631,18 @@ impl CachingFs {
                 FopenFlags::empty()
             }
         };
+        let size = state.record().identity.size;
         // Under the file's lock, so that an open deciding after this one knows of it.
         inode.hand_out();
         drop(guard);
+        // The kernel cuts reads through its page cache at the size it holds (it asks again
+        // only once that is dropped or expired): if that may be another version's (the
+        // file replaced or resized behind the mount since the kernel was last told), it
+        // is dropped before this reply, or this handle's reads would end there. Passthrough
+        // reads go by the cache file's own size.
+        if backing.is_none() && !inode.kernel_holds_size(size) {
+            self.coherence.drop_kernel_attrs(id);
+        }
         // A reader has nothing to flush; its close matters only for locks (`fs/locks.rs`).
         let noflush = !writable && self.no_lock_holders(id);
         if noflush {
