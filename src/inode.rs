@@ -384,6 +384,18 @@ impl<F> Inode<F> {
         self.retired.load(Ordering::Acquire)
     }
 
+    /// Whether `st` is this entry's file: its `(dev, ino)`, and not a later file given the
+    /// same number (sources reuse freed numbers at once; ext4 gives a file replaced by
+    /// rename its number back for the next version): where both birth times are known,
+    /// they differ for such a file.
+    pub fn is_same_file(&self, st: &Stat) -> bool {
+        if (st.dev, st.ino) != self.key {
+            return false;
+        }
+        let known = *self.btime.lock().unwrap();
+        known == (0, 0) || st.btime == (0, 0) || known == st.btime
+    }
+
     /// Whether `st`, found at `path` with this entry's `(dev, ino)`, is another file that
     /// was given the same inode number after this one's was freed (sources reuse freed
     /// numbers at once): a file with one link, which this entry knows by other names only,

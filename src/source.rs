@@ -707,7 +707,26 @@ fn lstat_at(dir: BorrowedFd<'_>, name: &CString) -> io::Result<Stat> {
     Ok(Stat::from_libc(&st))
 }
 
+/// `fstat` of `fd`: `statx`, for the birth time (which tells a file from a later one given
+/// its inode number, `Inode::is_same_file`), where the kernel has it; `fstat` otherwise.
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    let mut x: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut x,
+        )
+    };
+    if r == 0 {
+        return Ok(Stat::from_statx(&x));
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+        return Err(e);
+    }
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
     Ok(Stat::from_libc(&st))

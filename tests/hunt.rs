@@ -472,6 +472,20 @@ fn no_wrong_or_stale_bytes_on_an_unwatched_local_source() {
     );
 }
 
+/// Every read through the daemon (no passthrough): its page cache is cut at the size the
+/// kernel holds for the node, which a change behind the mount leaves old until an open
+/// drops it (`kernel_notify::AttrDropper`).
+#[test]
+fn no_wrong_or_stale_bytes_on_an_unwatched_local_source_without_passthrough() {
+    hunt(
+        "unwatched, no passthrough",
+        false,
+        &["--watch", "off", "--no-passthrough"],
+        &ALL,
+        Duration::from_millis(100),
+    );
+}
+
 /// The changes that leave each file one link (no outside link is kept): files that the
 /// watcher's callbacks and open leases cover.
 const ONE_LINK: [Change; 3] = [Change::InPlace, Change::RenameOver, Change::TouchR];

@@ -66,7 +66,7 @@ impl CachingFs {
         let mut elsewhere = false;
         let stat = match inode.path() {
             Some(path) => self.source.stat(&path).and_then(|st| {
-                if self.stable_ino && (st.dev, st.ino) != inode.key {
+                if self.stable_ino && !inode.is_same_file(&st) {
                     // The name leads to another object now (replaced behind the mount):
                     // its attributes are not this node's (a reader of this node's file
                     // would have its reads cut at the other file's size).

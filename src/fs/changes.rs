@@ -106,14 +106,14 @@ impl CachingFs {
             let names_agree = match &now {
                 Ok(st) => held
                     .iter()
-                    .any(|i| (st.dev, st.ino) == i.key && st.file_type() == i.file_type),
+                    .any(|i| i.is_same_file(st) && st.file_type() == i.file_type),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => held.is_empty(),
                 Err(_) => false,
             };
             for inode in held {
-                let same = now.as_ref().is_ok_and(|st| {
-                    (st.dev, st.ino) == inode.key && st.file_type() == inode.file_type
-                });
+                let same = now
+                    .as_ref()
+                    .is_ok_and(|st| inode.is_same_file(st) && st.file_type() == inode.file_type);
                 if !same {
                     inode.remove_name(path);
                 }
@@ -219,7 +219,7 @@ impl CachingFs {
             || state.written()
             || state.record().identity == now
             || !self.coherence.tunables.stale_check.load(Relaxed)
-            || (st.dev, st.ino) != inode.key
+            || !inode.is_same_file(st)
             // Checked by content last: it reads the source.
             || inode
                 .path()

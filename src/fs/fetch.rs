@@ -182,8 +182,15 @@ impl CachingFs {
         let mut got = Got::Ready;
         let mut waited = false;
         if !need.is_empty() {
-            // Present chunks need no descriptor; any flight here came with one.
-            let src = src.ok_or(Errno::EIO)?;
+            // Present chunks need no descriptor, and a flight this read started came with
+            // one. One it joined may have come with another opener's while this state has
+            // none (closed by a reset since, and none could be opened for the version now
+            // cached: the file kept changing behind the mount): read as when no flight can
+            // start (this used to answer EIO).
+            let Some(src) = src else {
+                drop(need);
+                return self.read_source(h, offset, size).map(Some);
+            };
             let ctx = Ctx {
                 inode: &h.inode,
                 ff: &ff,
@@ -314,7 +321,7 @@ impl CachingFs {
             .source
             .open_file(&path.ok_or_else(eio)?, libc::O_RDONLY)?;
         let st = self.source.fstat(f.as_fd())?;
-        if self.stable_ino && (st.dev, st.ino) != h.inode.key {
+        if self.stable_ino && !h.inode.is_same_file(&st) {
             return Err(eio());
         }
         self.source.with_fd(f.as_fd(), move |f| {

@@ -283,7 +283,7 @@ impl CachingFs {
         } else {
             let looked = self.source.open_path_and_stat(&path);
             if let (Some(mark), Ok((fd, st))) = (mark, &looked)
-                && (st.dev, st.ino) == inode.key
+                && inode.is_same_file(st)
                 && let Some(cb) = self.coherence.callback(mark, id, fd, st)
             {
                 inode.grant_callback(cb, breaks);
@@ -302,7 +302,7 @@ impl CachingFs {
             }
             r => r.map_err(errno)?,
         };
-        if self.stable_ino && (st.dev, st.ino) != inode.key {
+        if self.stable_ino && !inode.is_same_file(&st) {
             // Another file has the name now (renamed over it behind the mount, and no
             // watcher told the kernel yet). This node stays with the file it was looked up
             // as, whose open handles keep reading it; the kernel looks the name up again on
@@ -565,7 +565,7 @@ impl CachingFs {
     ) {
         let seen = self.identity(st);
         // (Where the source renumbers inodes, a node's key is the number of its first look.)
-        let same_file = !self.stable_ino || (st.dev, st.ino) == inode.key;
+        let same_file = !self.stable_ino || inode.is_same_file(st);
         let current = state.complete() && state.record().identity == seen && same_file;
         match used {
             Some(lease) if !current || self.identity(&lease.stat) != seen => {

@@ -150,7 +150,7 @@ impl CachingFs {
     pub(super) fn own_path(&self, inode: &Inode) -> Option<PathBuf> {
         let path = inode.path()?;
         let st = self.source.stat(&path).ok()?;
-        ((st.dev, st.ino) == inode.key || !self.stable_ino).then_some(path)
+        (inode.is_same_file(&st) || !self.stable_ino).then_some(path)
     }
 
     /// The source changed behind the mount while `inode` is open with its whole old version
