@@ -338,6 +338,15 @@ impl<F> Inode<F> {
         });
     }
 
+    /// A write through the mount ended at `end`: the kernel extends the size it holds to
+    /// there itself when the write returns (`fuse_write_update_attr`), so a size it surely
+    /// held becomes `end` (one it may not hold stays uncertain).
+    pub fn kernel_wrote_to(&self, end: u64) {
+        let _ = (self.told_size).fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+            (old & TOLD_CHANGED == 0 && old < end).then_some(end)
+        });
+    }
+
     /// Whether the kernel holds `size` as the node's size: the last two replies that gave
     /// it attributes gave that size. Replies are applied by the requesting thread after
     /// they are written, in any order (and one sent before another was applied is
@@ -926,6 +935,34 @@ mod tests {
 
     fn p(s: &str) -> Option<PathBuf> {
         Some(PathBuf::from(s))
+    }
+
+    /// What the kernel may hold as a file's size: the first reply's size; after a reply
+    /// with another size, not known (either may be applied) until two replies agree; a
+    /// write through the mount extends a known size, never an unknown one.
+    #[test]
+    fn the_size_the_kernel_holds_is_known_only_when_the_last_two_replies_agree() {
+        let t = table(100, 0);
+        let f = t.lookup(1, Path::new("f"), &file(10));
+        assert!(!f.kernel_holds_size(0), "nothing told yet");
+        f.told_kernel_size(100);
+        assert!(f.kernel_holds_size(100));
+        f.kernel_wrote_to(50);
+        assert!(
+            f.kernel_holds_size(100),
+            "a write inside the file moves nothing"
+        );
+        f.kernel_wrote_to(150);
+        assert!(f.kernel_holds_size(150));
+        f.told_kernel_size(80);
+        assert!(!f.kernel_holds_size(80) && !f.kernel_holds_size(150));
+        f.kernel_wrote_to(200);
+        assert!(
+            !f.kernel_holds_size(200),
+            "either size may have been extended"
+        );
+        f.told_kernel_size(80);
+        assert!(f.kernel_holds_size(80));
     }
 
     /// `holders_of` finds through the name index exactly the entries that hold each name,

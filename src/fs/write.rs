@@ -56,6 +56,7 @@ impl CachingFs {
             after = self.source.fstat(src.as_fd()).map_err(errno)?;
         }
         state.wrote_through(&self.env(), offset, data, self.recorded_identity(&after));
+        h.inode.kernel_wrote_to(offset + data.len() as u64);
         Ok(data.len() as u32)
     }
 
