@@ -604,6 +604,19 @@ impl CachingFs {
         self.coherence.tunables.attr(watched)
     }
 
+    /// `ttl`, or for a regular file with more than one link no longer than where nothing
+    /// is watched: a write through a link in another directory (outside the source, or
+    /// unwatched) raises no event in the watched one, so only the kernel's next look at
+    /// the file's attributes finds it (with `--kernel-opens`, that look is what drops its
+    /// pages; otherwise it keeps `stat` from showing an old size for a watched TTL).
+    pub fn linked_file_ttl(&self, ttl: Duration, attr: &FileAttr) -> Duration {
+        if attr.kind == FileType::RegularFile && attr.nlink > 1 {
+            ttl.min(self.coherence.tunables.attr(false))
+        } else {
+            ttl
+        }
+    }
+
     /// Open flags for directory `id`: the kernel keeps its listing across opens while a
     /// watch reports changes to it (and drops it on our notice).
     pub fn dir_open_flags(&self, id: u64) -> FopenFlags {

@@ -105,6 +105,7 @@ impl FuseAdapter {
         match r {
             Ok(attr) => {
                 let (entry_ttl, attr_ttl) = self.fs.entry_ttls(parent.0);
+                let attr_ttl = self.fs.linked_file_ttl(attr_ttl, &attr);
                 reply.entry_with_ttls(&attr_ttl, &entry_ttl, &attr, GEN)
             }
             Err(e) => reply.error(call.fail(e)),
@@ -210,7 +211,10 @@ impl Filesystem for FuseAdapter {
         let call = self.call(Op::Getattr, req);
         // Handle 0: a kernel open's (`fs/kernel_opens.rs`), none of ours.
         match self.fs.getattr(ino.0, fh.map(|f| f.0).filter(|&f| f != 0)) {
-            Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
+            Ok(attr) => reply.attr(
+                &self.fs.linked_file_ttl(self.fs.attr_ttl(ino.0), &attr),
+                &attr,
+            ),
             Err(e) => reply.error(call.fail(e)),
         }
     }
@@ -252,7 +256,10 @@ impl Filesystem for FuseAdapter {
             set,
             kill_suidgid,
         ) {
-            Ok(attr) => reply.attr(&self.fs.attr_ttl(ino.0), &attr),
+            Ok(attr) => reply.attr(
+                &self.fs.linked_file_ttl(self.fs.attr_ttl(ino.0), &attr),
+                &attr,
+            ),
             Err(e) => reply.error(call.fail(e)),
         }
     }
@@ -530,6 +537,7 @@ impl Filesystem for FuseAdapter {
                 let e = &list.entries[i + k];
                 let Some(attr) = attr else { continue };
                 let at = cookie | (i + k + 1) as u64;
+                let ttl = self.fs.linked_file_ttl(ttl, attr);
                 if reply.add(attr.ino, at, &e.name, &ttl, attr, GEN) {
                     // Did not fit: undo the lookups of this and the rest of the batch.
                     for a in attrs[k..].iter().flatten() {
