@@ -581,11 +581,19 @@ impl CachingFs {
         });
     }
 
-    /// Entry and attribute TTLs for an entry in directory `parent`.
-    pub fn entry_ttls(&self, parent: u64) -> (Duration, Duration) {
+    /// The entry TTL of names in `parent` (readdirplus gives one TTL for name and
+    /// attributes: `linked_file_ttl` shortens it per file).
+    pub fn dir_entry_ttl(&self, parent: u64) -> Duration {
+        self.coherence
+            .tunables
+            .entry(self.coherence.watched(parent))
+    }
+
+    /// Entry and attribute TTLs for `attr`'s entry in directory `parent`.
+    pub fn entry_ttls(&self, parent: u64, attr: &FileAttr) -> (Duration, Duration) {
         let w = self.coherence.watched(parent);
         let t = &self.coherence.tunables;
-        (t.entry(w), t.attr(w))
+        (t.entry(w), self.linked_file_ttl(t.attr(w), attr))
     }
 
     /// How long the kernel may remember that a name in `parent` does not exist.
@@ -595,13 +603,14 @@ impl CachingFs {
             .negative(self.coherence.watched(parent))
     }
 
-    /// Attribute TTL for node `id`: long if changes to it are reported.
-    pub fn attr_ttl(&self, id: u64) -> Duration {
+    /// Attribute TTL for node `attr.ino`: long if changes to it are reported.
+    pub fn attr_ttl(&self, attr: &FileAttr) -> Duration {
+        let id = attr.ino.0;
         let watched = self.inodes.get(id).is_some_and(|i| {
             self.coherence.watched(i.parent())
                 || (i.file_type == libc::S_IFDIR && self.coherence.watched(id))
         });
-        self.coherence.tunables.attr(watched)
+        self.linked_file_ttl(self.coherence.tunables.attr(watched), attr)
     }
 
     /// `ttl`, or for a regular file with more than one link no longer than where nothing

@@ -104,8 +104,7 @@ impl FuseAdapter {
     ) {
         match r {
             Ok(attr) => {
-                let (entry_ttl, attr_ttl) = self.fs.entry_ttls(parent.0);
-                let attr_ttl = self.fs.linked_file_ttl(attr_ttl, &attr);
+                let (entry_ttl, attr_ttl) = self.fs.entry_ttls(parent.0, &attr);
                 reply.entry_with_ttls(&attr_ttl, &entry_ttl, &attr, GEN)
             }
             Err(e) => reply.error(call.fail(e)),
@@ -211,10 +210,7 @@ impl Filesystem for FuseAdapter {
         let call = self.call(Op::Getattr, req);
         // Handle 0: a kernel open's (`fs/kernel_opens.rs`), none of ours.
         match self.fs.getattr(ino.0, fh.map(|f| f.0).filter(|&f| f != 0)) {
-            Ok(attr) => reply.attr(
-                &self.fs.linked_file_ttl(self.fs.attr_ttl(ino.0), &attr),
-                &attr,
-            ),
+            Ok(attr) => reply.attr(&self.fs.attr_ttl(&attr), &attr),
             Err(e) => reply.error(call.fail(e)),
         }
     }
@@ -256,10 +252,7 @@ impl Filesystem for FuseAdapter {
             set,
             kill_suidgid,
         ) {
-            Ok(attr) => reply.attr(
-                &self.fs.linked_file_ttl(self.fs.attr_ttl(ino.0), &attr),
-                &attr,
-            ),
+            Ok(attr) => reply.attr(&self.fs.attr_ttl(&attr), &attr),
             Err(e) => reply.error(call.fail(e)),
         }
     }
@@ -529,7 +522,7 @@ impl Filesystem for FuseAdapter {
             Ok(l) => (l.list, l.start, l.cookie),
             Err(e) => return reply.error(call.fail(e)),
         };
-        let (ttl, _) = self.fs.entry_ttls(list.dir_id);
+        let ttl = self.fs.dir_entry_ttl(list.dir_id);
         'fill: while i < list.entries.len() {
             // Stat in batches: a reply buffer holds a few dozen entries.
             let attrs = self.fs.readdirplus_attrs(&list, i, 64);
@@ -653,7 +646,7 @@ impl Filesystem for FuseAdapter {
             .create(parent.0, name, mode, flags, req.uid(), req.gid())
         {
             Ok((attr, o)) => reply.created(
-                &self.fs.entry_ttls(parent.0).0,
+                &self.fs.entry_ttls(parent.0, &attr).0,
                 &attr,
                 GEN,
                 FileHandle(o.fh),

@@ -10,7 +10,7 @@
 //! `PATH_MAX` (possible inside a FUSE mount, where a process may `chdir` deep) are walked in
 //! pieces, one `openat2` per piece.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -675,25 +675,34 @@ impl BeneathRoot {
     }
 }
 
-/// `lstat` of `name` in directory `dir`: `statx`, for the birth time, where the kernel has
-/// it; `fstatat` otherwise.
-fn lstat_at(dir: BorrowedFd<'_>, name: &CString) -> io::Result<Stat> {
+/// `statx` of `name` in `dir` with `flags`, asking for the birth time; `None` where the
+/// kernel or a sandbox refuses `statx` (the caller falls back to the older call).
+fn statx_at(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<Option<Stat>> {
     let mut x: libc::statx = unsafe { std::mem::zeroed() };
     let r = unsafe {
         libc::statx(
             dir.as_raw_fd(),
             name.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
+            flags | libc::AT_STATX_SYNC_AS_STAT,
             libc::STATX_BASIC_STATS | libc::STATX_BTIME,
             &mut x,
         )
     };
     if r == 0 {
-        return Ok(Stat::from_statx(&x));
+        return Ok(Some(Stat::from_statx(&x)));
     }
     let e = io::Error::last_os_error();
-    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
-        return Err(e);
+    if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+        return Ok(None);
+    }
+    Err(e)
+}
+
+/// `lstat` of `name` in directory `dir`: `statx`, for the birth time, where the kernel has
+/// it; `fstatat` otherwise.
+fn lstat_at(dir: BorrowedFd<'_>, name: &CString) -> io::Result<Stat> {
+    if let Some(st) = statx_at(dir, name, libc::AT_SYMLINK_NOFOLLOW)? {
+        return Ok(st);
     }
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     cvt(unsafe {
@@ -710,22 +719,8 @@ fn lstat_at(dir: BorrowedFd<'_>, name: &CString) -> io::Result<Stat> {
 /// `fstat` of `fd`: `statx`, for the birth time (which tells a file from a later one given
 /// its inode number, `Inode::is_same_file`), where the kernel has it; `fstat` otherwise.
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
-    let mut x: libc::statx = unsafe { std::mem::zeroed() };
-    let r = unsafe {
-        libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_STATX_SYNC_AS_STAT,
-            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
-            &mut x,
-        )
-    };
-    if r == 0 {
-        return Ok(Stat::from_statx(&x));
-    }
-    let e = io::Error::last_os_error();
-    if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
-        return Err(e);
+    if let Some(st) = statx_at(fd, c"", libc::AT_EMPTY_PATH)? {
+        return Ok(st);
     }
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
