@@ -122,6 +122,8 @@ pub struct Config {
     pub nonempty: bool,
     pub foreground: bool,
     pub threads: usize,
+    /// Serve FUSE requests over io_uring where the kernel allows it (`--fuse-ring`).
+    pub fuse_ring: bool,
     pub checkpoint_chunks: u32,
     /// The fetch engine (`fetch.rs`): worker threads, largest prefetch window in chunks,
     /// bytes queued for workers, source descriptors kept for fetching, files of a
@@ -192,6 +194,7 @@ impl Config {
             nonempty: false,
             foreground: false,
             threads: 4,
+            fuse_ring: true,
             checkpoint_chunks: DEFAULT_CHECKPOINT_CHUNKS,
             fetch_workers: None,
             fetch_window: DEFAULT_FETCH_WINDOW,

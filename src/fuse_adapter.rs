@@ -87,6 +87,9 @@ fn failed_elsewhere(stats: &Stats, op: Op, e: Errno) -> Errno {
 impl FuseAdapter {
     /// Starts answering request `req` of type `op`.
     fn call(&self, op: Op, req: &Request) -> Call<'_> {
+        if fuser::serving_over_io_uring() {
+            Stats::add(&self.fs.stats.cache.ring_requests, 1);
+        }
         Call {
             timer: self.fs.stats.start(op),
             _span: tracing::debug_span!("request", op = op.name(), unique = req.unique().0)

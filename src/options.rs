@@ -438,8 +438,14 @@ pub static OPTIONS: &[Opt] = &[
     )
     .default("on"),
     Opt::value("threads", "N", PROCESS, |c, v| put(&mut c.threads, num(v)))
-        .help("Threads serving FUSE requests")
+        .help("Threads serving FUSE requests (with the io_uring transport: per CPU)")
         .default("4"),
+    Opt::value("fuse_ring", "on|off", PROCESS, |c, v| put(&mut c.fuse_ring, on_off(v)))
+        .help(
+            "Take FUSE requests over io_uring where the kernel allows it (Linux 6.14+, \
+             fuse.enable_uring=1): a request is served on its caller's CPU; off: /dev/fuse",
+        )
+        .default("on"),
     Opt::value("metrics_addr", "ADDR", PROCESS, |c, v| {
         let addr = v
             .parse()

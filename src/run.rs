@@ -187,6 +187,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     fuse_cfg.acl = acl;
     fuse_cfg.n_threads = Some(cfg.threads);
     fuse_cfg.clone_fd = true;
+    fuse_cfg.io_uring_threads = cfg.fuse_ring.then_some(cfg.threads);
     let adapter = FuseAdapter { fs: fs.clone() };
     let (session, unmount): (Session<FuseAdapter>, Box<dyn FnMut() + Send>) =
         if rustix::process::geteuid().is_root() {
@@ -223,6 +224,13 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
             };
             (session, Box::new(unmount))
         };
+
+    // Where the kernel's requests come from (README, "FUSE over io_uring").
+    let transport = if session.uses_io_uring() {
+        "io_uring"
+    } else {
+        "/dev/fuse"
+    };
 
     // Kernel invalidations run on their own thread: a notification sent from a request
     // handler can deadlock against the kernel waiting for that very request. The same
@@ -326,7 +334,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         redirect_stdio(fs.cache.open_log()?)?;
         std::fs::File::from(ready).write_all(b"ready")?;
     }
-    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache = %cfg.cache_dir.display(), "mounted");
+    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache = %cfg.cache_dir.display(), transport, "mounted");
     notify_systemd(&fs, &daemon)?;
     unmount_on_error.0 = None;
     let r = session.run();

@@ -62,6 +62,7 @@ counters! {
     open_hits: "opens of regular files whose data was fully cached and valid",
     open_misses: "opens of regular files that needed data from the source",
     passthrough_opens: "opens answered with FUSE passthrough to the cache file",
+    ring_requests: "requests that came over io_uring (FUSE over io_uring; the others came over /dev/fuse)",
     read_hits: "read requests served entirely from the cache",
     read_misses: "read requests that fetched from the source",
     bytes_from_cache: "bytes returned by the daemon from cache files",

@@ -99,6 +99,15 @@ mod rename_flags;
 mod reply;
 mod request;
 mod request_param;
+#[cfg(target_os = "linux")]
+mod ring;
+#[cfg(target_os = "linux")]
+pub use ring::serving_over_io_uring;
+/// Whether the calling thread serves requests that came over io_uring (never, here).
+#[cfg(not(target_os = "linux"))]
+pub fn serving_over_io_uring() -> bool {
+    false
+}
 mod session;
 mod time;
 

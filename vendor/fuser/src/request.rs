@@ -34,6 +34,9 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// The ring entry the request came in, whose commit carries the reply.
+    #[cfg(target_os = "linux")]
+    ring: Option<std::sync::Arc<crate::ring::Entry>>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +52,32 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            #[cfg(target_os = "linux")]
+            ring: None,
+            request,
+        })
+    }
+
+    /// A request that came in a ring entry (FUSE over io_uring).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn new_ring(
+        ch: ChannelSender,
+        entry: std::sync::Arc<crate::ring::Entry>,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ch, data)?;
+        req.ring = Some(entry);
+        Some(req)
+    }
+
+    fn sender(&self) -> ReplySender {
+        #[cfg(target_os = "linux")]
+        if let Some(entry) = &self.ring {
+            return ReplySender::Ring(entry.clone(), self.ch.clone());
+        }
+        ReplySender::Channel(self.ch.clone())
     }
 
     /// Dispatch request to the given filesystem.
@@ -302,11 +330,7 @@ impl<'a> RequestWithSender<'a> {
                     self.request.nodeid(),
                     x.file_handle(),
                     x.offset(),
-                    ReplyDirectory::new(
-                        self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
-                        x.size() as usize,
-                    ),
+                    ReplyDirectory::new(self.request.unique(), self.sender(), x.size() as usize),
                 );
             }
             ll::Operation::ReleaseDir(x) => {
@@ -479,7 +503,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +576,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

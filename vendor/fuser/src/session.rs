@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// The io_uring transport, when `FUSE_INIT` negotiated it, and its entries' payload size.
+    #[cfg(target_os = "linux")]
+    ring: Option<(crate::ring::Ring, usize)>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            ring: None,
         };
 
         session.handshake()?;
@@ -214,6 +219,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            ring: None,
         };
 
         session.handshake()?;
@@ -252,6 +259,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            ring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +295,8 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        #[cfg(target_os = "linux")]
+        let ring_ch = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -306,6 +317,22 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        #[cfg(target_os = "linux")]
+        let ring_threads = match ring {
+            Some((ring, max_payload)) => {
+                Some(
+                    ring.start(&ring_ch, max_payload, |thread_name, ch| SessionEventLoop {
+                        thread_name,
+                        filesystem: filesystem.clone(),
+                        ch,
+                        allowed,
+                        session_owner,
+                    })?,
+                )
+            }
+            None => None,
+        };
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -319,6 +346,12 @@ impl<FS: Filesystem> Session<FS> {
                     reply = Err(e);
                 }
             }
+        }
+
+        // The connection has gone: the kernel has ended the ring's commands too.
+        #[cfg(target_os = "linux")]
+        if let Some(ring_threads) = ring_threads {
+            ring_threads.stop();
         }
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
@@ -429,6 +462,26 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            // FUSE over io_uring: once the reply asks for it, requests wait until every queue
+            // has an entry, so ask only when the rings can be made.
+            #[cfg(target_os = "linux")]
+            if let Some(threads) = self.config.io_uring_threads {
+                if init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
+                    && crate::ring::kernel_allows()
+                {
+                    match crate::ring::Ring::prepare(threads) {
+                        Ok(ring) => {
+                            config.requested |= InitFlags::FUSE_OVER_IO_URING;
+                            let max_payload = (config.max_write as usize)
+                                .max(config.max_pages() as usize * page_size::get())
+                                .max(8192);
+                            self.ring = Some((ring, max_payload));
+                        }
+                        Err(e) => warn!("FUSE over io_uring unavailable: {e}"),
+                    }
+                }
+            }
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -487,6 +540,15 @@ impl<FS: Filesystem> Session<FS> {
         SessionUnmounter {
             mount: self.mount.mount.clone(),
         }
+    }
+
+    /// Whether `FUSE_INIT` negotiated FUSE over io_uring: requests will come over io_uring
+    /// once `run` has registered the ring (unless the kernel then refuses it).
+    pub fn uses_io_uring(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.ring.is_some();
+        #[cfg(not(target_os = "linux"))]
+        return false;
     }
 
     /// Returns an object that can be used to send notifications to the kernel

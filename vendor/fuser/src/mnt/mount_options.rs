@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Serve requests over io_uring (`FUSE_OVER_IO_URING`, Linux 6.14+) with this many
+    /// threads per CPU queue, when the kernel allows it (`fuse.enable_uring`); `/dev/fuse`
+    /// otherwise. Forgets, interrupts and notifications use `/dev/fuse` either way.
+    pub io_uring_threads: Option<usize>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
