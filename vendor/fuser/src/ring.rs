@@ -263,8 +263,7 @@ impl Ring {
     /// Checks that io_uring rings with 128-byte SQEs can be made here, before the reply to
     /// `FUSE_INIT` commits the connection to them (after it, requests wait for the ring).
     pub(crate) fn prepare(threads_per_queue: usize) -> io::Result<Ring> {
-        let probe: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
-        drop(probe);
+        drop(new_ring()?);
         Ok(Ring {
             queues: possible_cpus(),
             threads_per_queue: threads_per_queue.max(1),
@@ -301,13 +300,18 @@ impl Ring {
                 for _ in 0..ENTRIES_PER_THREAD {
                     entries.push(Arc::new(Entry::new(max_payload, wake.clone())?));
                 }
-                let ring: IoUring<squeue::Entry128, cqueue::Entry> =
-                    IoUring::builder().build((ENTRIES_PER_THREAD + 1).next_power_of_two() as u32)?;
                 let stop = stop.clone();
                 let dev = std::os::fd::AsFd::as_fd(ch).as_raw_fd();
                 threads.push(std::thread::Builder::new().name(name).spawn(move || {
                     pin_to_cpu(qid);
                     ON_RING.with(|on| on.set(true));
+                    let ring = match new_ring() {
+                        Ok(ring) => ring,
+                        Err(e) => {
+                            error!("fuse ring queue {qid}: {e}");
+                            return;
+                        }
+                    };
                     let _ = wake.thread.set(std::thread::current().id());
                     let queue = Queue {
                         ring,
@@ -356,6 +360,18 @@ impl RingThreads {
             let _ = t.join();
         }
     }
+}
+
+/// A ring of this thread's own: only its thread submits to it (`SINGLE_ISSUER`), and the
+/// kernel's work for it (copying a request into an entry) runs when that thread waits for
+/// completions (`DEFER_TASKRUN`), not as a signal-like interruption of whatever the thread
+/// is doing. That interruption made the kernel's copy of a request into a page of an entry
+/// not yet touched fail with `EINTR` (the request failed with it: "Copy to ring failed: -4").
+fn new_ring() -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
+    IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build((ENTRIES_PER_THREAD + 1).next_power_of_two() as u32)
 }
 
 fn pin_to_cpu(cpu: usize) {
