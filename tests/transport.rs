@@ -21,15 +21,7 @@ fn kernel_allows_the_ring() -> bool {
 
 /// Deterministic bytes for file `i`, version `v`.
 fn content(i: usize, v: usize, len: usize) -> Vec<u8> {
-    let mut x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (v as u64);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    common::pattern(len, ((i as u64) << 32) | v as u64)
 }
 
 /// Eight threads, each writing its own files (sizes around the 1 MiB request limit),

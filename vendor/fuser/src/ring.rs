@@ -131,7 +131,6 @@ const REPLIED: u8 = 2; // the reply is in the buffers, the commit not yet submit
 pub(crate) struct Entry {
     header: Buffer,
     payload: Buffer,
-    payload_len: usize,
     iov: [libc::iovec; 2],
     state: AtomicU8,
     wake: Arc<Wake>,
@@ -155,6 +154,14 @@ struct Wake {
     thread: std::sync::OnceLock<ThreadId>,
 }
 
+impl Wake {
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to an eventfd we own.
+        unsafe { libc::write(self.eventfd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+}
+
 impl Entry {
     fn new(max_payload: usize, wake: Arc<Wake>) -> io::Result<Entry> {
         let header = Buffer::new(4096)?;
@@ -172,7 +179,6 @@ impl Entry {
         Ok(Entry {
             header,
             payload,
-            payload_len: max_payload,
             iov,
             state: AtomicU8::new(IDLE),
             wake,
@@ -190,7 +196,7 @@ impl Entry {
         }
         let total: usize = data.iter().map(|d| d.len()).sum();
         let out_len = std::mem::size_of::<abi::fuse_out_header>();
-        if total < out_len || total - out_len > self.payload_len {
+        if total < out_len || total - out_len > self.payload.len {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let header = self.header();
@@ -216,15 +222,7 @@ impl Entry {
         }
         self.state.store(REPLIED, Ordering::Release);
         if self.wake.thread.get() != Some(&std::thread::current().id()) {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writing 8 bytes to an eventfd we own.
-            unsafe {
-                libc::write(
-                    self.wake.eventfd.as_raw_fd(),
-                    one.as_ptr().cast(),
-                    one.len(),
-                );
-            }
+            self.wake.wake();
         }
         Ok(())
     }
@@ -352,9 +350,7 @@ impl RingThreads {
     pub(crate) fn stop(self) {
         self.stop.store(true, Ordering::Release);
         for w in &self.wakes {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writing 8 bytes to an eventfd we own.
-            unsafe { libc::write(w.eventfd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+            w.wake();
         }
         for t in self.threads {
             let _ = t.join();
@@ -465,7 +461,8 @@ impl Queue {
             // SAFETY: only this thread reads the completion queue.
             unsafe { self.ring.completion_shared() }
                 .for_each(|c| done.push((c.user_data(), c.result())));
-            let mut commits = false;
+            // Replies given on other threads, announced by the eventfd.
+            let mut replied_elsewhere = false;
             for &(token, res) in &done {
                 if token == POLL_TOKEN {
                     let mut buf = [0u8; 8];
@@ -474,7 +471,7 @@ impl Queue {
                         libc::read(self.wake.eventfd.as_raw_fd(), buf.as_mut_ptr().cast(), 8)
                     };
                     self.arm_poll()?;
-                    commits = true;
+                    replied_elsewhere = true;
                     continue;
                 }
                 let index = token as usize;
@@ -505,21 +502,28 @@ impl Queue {
                     self.register(&fresh, entries.len())?;
                     entries.push(fresh);
                 }
-                commits = true;
+                self.commit_if_replied(&entry, index)?;
             }
-            if commits {
+            if replied_elsewhere {
                 for (i, e) in entries.iter().enumerate() {
-                    if e.state
-                        .compare_exchange(REPLIED, IDLE, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        // SAFETY: the reply is in the buffers; the commit id is the request's.
-                        let id = unsafe { std::ptr::addr_of!((*e.header()).commit_id).read() };
-                        self.commit(i, id)?;
-                    }
+                    self.commit_if_replied(e, i)?;
                 }
             }
         }
+    }
+
+    /// Commits `entry`'s reply, if it has one that is not committed yet.
+    fn commit_if_replied(&self, entry: &Entry, index: usize) -> io::Result<()> {
+        if entry
+            .state
+            .compare_exchange(REPLIED, IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            // SAFETY: the reply is in the buffers; the commit id is the request's.
+            let id = unsafe { std::ptr::addr_of!((*entry.header()).commit_id).read() };
+            self.commit(index, id)?;
+        }
+        Ok(())
     }
 
     /// Serves the request the kernel put in `entry`: gathers `fuse_in_header`, the opcode's
@@ -542,7 +546,7 @@ impl Queue {
             let total = in_out.cast::<u32>().read_unaligned() as usize;
             let op_len = total.saturating_sub(in_len + payload_sz).min(128);
             let len = in_len + op_len + payload_sz;
-            if len > buf.len() || payload_sz > entry.payload_len {
+            if len > buf.len() || payload_sz > entry.payload.len {
                 return Err(io::Error::from_raw_os_error(libc::E2BIG));
             }
             std::ptr::copy_nonoverlapping(in_out, buf.as_mut_ptr(), in_len);
