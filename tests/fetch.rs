@@ -509,6 +509,7 @@ fn reading_ahead_races_replacements_a_lister_and_a_held_handle() {
     t.wait_released();
     let held_name = order[0].clone();
     let mut held = fs::File::open(t.m(&format!("d/{held_name}"))).unwrap();
+    let (mut opens, mut estale) = (0u64, 0u64);
     for round in 0..40u64 {
         for name in &order {
             let rel = format!("d/{name}");
@@ -553,25 +554,47 @@ fn reading_ahead_races_replacements_a_lister_and_a_held_handle() {
                 }
             })
         };
-        for name in &order {
-            let got = fs::read(t.m(&format!("d/{name}"))).unwrap();
-            assert!(
-                is_version(name, &got),
-                "round {round}: d/{name} read bytes it never held"
-            );
-            let mut buf = Vec::new();
-            held.seek(SeekFrom::Start(0)).unwrap();
-            held.read_to_end(&mut buf).unwrap();
-            assert!(
-                is_version(&held_name, &buf),
-                "round {round}: the held handle"
-            );
-        }
+        // Checked after the threads stop, so that a failure here is reported as itself
+        // and not as the lister's error once the mount is gone.
+        let mut checked = || -> Result<(), String> {
+            for name in &order {
+                opens += 1;
+                let got = match fs::read(t.m(&format!("d/{name}"))) {
+                    // The file was replaced again while the kernel retried the open (the
+                    // README's "Semantics in short"): counted, and bounded below.
+                    Err(e) if e.raw_os_error() == Some(libc::ESTALE) => {
+                        estale += 1;
+                        continue;
+                    }
+                    r => r.map_err(|e| format!("round {round}: d/{name}: {e}"))?,
+                };
+                if !is_version(name, &got) {
+                    return Err(format!("round {round}: d/{name} read bytes it never held"));
+                }
+                let mut buf = Vec::new();
+                held.seek(SeekFrom::Start(0)).unwrap();
+                held.read_to_end(&mut buf)
+                    .map_err(|e| format!("round {round}: the held handle: {e}"))?;
+                if !is_version(&held_name, &buf) {
+                    return Err(format!(
+                        "round {round}: the held handle read bytes it never held"
+                    ));
+                }
+            }
+            Ok(())
+        };
+        let checked = checked();
         stop.store(true, Ordering::SeqCst);
         writer.join().unwrap();
         lister.join().unwrap();
+        checked.unwrap();
     }
     drop(held);
+    // The hunt sees such opens at well under 0.1 %; a bound that only a regression crosses.
+    assert!(
+        estale * 50 <= opens,
+        "{estale} of {opens} opens failed with ESTALE"
+    );
     assert!(t.stats().cache.dir_warm_ahead > 0, "nothing was read ahead");
     for name in &order {
         let rel = format!("d/{name}");
