@@ -266,3 +266,142 @@ fn random_operations_through_the_core_read_back_the_files_bytes() {
     }
     eprintln!("{ops} operations in {:?}", t0.elapsed());
 }
+
+/// Replaces `name` in the source by rename, as editors and `rsync` do: a new file each time.
+fn replace_behind(src: &Path, name: &str, data: &[u8]) {
+    let tmp = src.join(format!(".{name}.tmp"));
+    fs::write(&tmp, data).unwrap();
+    fs::rename(&tmp, src.join(name)).unwrap();
+}
+
+/// The node of `f`, looked up by thread `pid`.
+fn lookup_f(fs: &CachingFs, pid: u32) -> u64 {
+    fs.lookup_by(ROOT, OsStr::new("f"), Some(pid))
+        .unwrap()
+        .ino
+        .0
+}
+
+/// The kernel's retry of an open that answered ESTALE, as the kernel makes it: the same
+/// thread looks the name up again and opens the node found. When the name is replaced yet
+/// again between that lookup and that open, the open gets the file the lookup found, whole
+/// and exactly, instead of a second ESTALE that would reach the caller; an open without
+/// the retry (another thread, or no lookup) never gets that file, and the name then leads
+/// to the newest one.
+#[test]
+fn the_kernels_retry_gets_the_file_its_lookup_found_when_the_name_moved_on_again() {
+    let dirs = Dirs::new("retry");
+    let src = dirs.src();
+    // Small files (fetched whole at the open) and one of several chunks.
+    for (len, chunk, threshold) in [(3000usize, 4096, 1 << 20), (40_000, 4096, 8192)] {
+        let fs = core(&dirs, chunk, threshold);
+        let v = |n: u64| -> Vec<u8> { (0..len).map(|i| (i as u64 * 31 + n * 7) as u8).collect() };
+        replace_behind(&src, "f", &v(1));
+        assert_eq!(read_through(&fs, "f", 4096).unwrap(), v(1));
+        let (pid, other) = (4242, 4343);
+        // The kernel's dentry still leads to the first file's node.
+        let first = lookup_f(&fs, pid);
+        replace_behind(&src, "f", &v(2));
+        let e = fs.open(first, libc::O_RDONLY, pid, &no_backing).err();
+        assert_eq!(
+            e,
+            Some(fuser::Errno::ESTALE),
+            "the name leads to another file"
+        );
+        // The retry: the lookup finds the second file, and before the open the name is
+        // replaced a third time.
+        let second = lookup_f(&fs, pid);
+        assert_ne!(second, first);
+        replace_behind(&src, "f", &v(3));
+        let before = fs
+            .stats
+            .cache
+            .pinned_opens
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let opened = fs.open(second, libc::O_RDONLY, pid, &no_backing).unwrap();
+        let mut got = Vec::new();
+        loop {
+            let b = fs.read(opened.fh, got.len() as u64, 4096).unwrap();
+            if b.is_empty() {
+                break;
+            }
+            got.extend_from_slice(&b);
+        }
+        assert!(
+            got == v(2),
+            "the retry read the file its lookup found ({len} bytes)"
+        );
+        let after = fs
+            .stats
+            .cache
+            .pinned_opens
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(after, before + 1);
+        fs.release(opened.fh).unwrap();
+        // No name leads to that node any more: an open of it that is no retry fails, and
+        // a pin is only ever a retry's own.
+        let e = fs.open(second, libc::O_RDONLY, other, &no_backing).err();
+        assert_eq!(e, Some(fuser::Errno::ESTALE));
+        let e = fs.open(second, libc::O_RDONLY, pid, &no_backing).err();
+        assert_eq!(e, Some(fuser::Errno::ESTALE));
+        fs.forget(first, 1);
+        fs.forget(second, 1);
+        assert_eq!(read_through(&fs, "f", 4096).unwrap(), v(3));
+        // Another thread's lookup during a retry pins nothing for it (threads that never
+        // had an open answered ESTALE, so that the first open is no retry).
+        let (first_try, bystander) = (5000 + len as u32, 6000 + len as u32);
+        let third = lookup_f(&fs, first_try);
+        replace_behind(&src, "f", &v(4));
+        assert_eq!(
+            fs.open(third, libc::O_RDONLY, first_try, &no_backing).err(),
+            Some(fuser::Errno::ESTALE)
+        );
+        let fourth = lookup_f(&fs, bystander);
+        replace_behind(&src, "f", &v(5));
+        assert_eq!(
+            fs.open(fourth, libc::O_RDONLY, first_try, &no_backing)
+                .err(),
+            Some(fuser::Errno::ESTALE),
+            "a lookup by another thread pinned the file for this one"
+        );
+        // A pin older than a retry's open would be (its lookup belonged to another call),
+        // and a failed lookup, which ends the path walk and so the retry, pin nothing.
+        let (late, ended) = (7000 + len as u32, 8000 + len as u32);
+        let fifth = lookup_f(&fs, late);
+        replace_behind(&src, "f", &v(6));
+        assert_eq!(
+            fs.open(fifth, libc::O_RDONLY, late, &no_backing).err(),
+            Some(fuser::Errno::ESTALE)
+        );
+        let sixth = lookup_f(&fs, late);
+        replace_behind(&src, "f", &v(7));
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        assert_eq!(
+            fs.open(sixth, libc::O_RDONLY, late, &no_backing).err(),
+            Some(fuser::Errno::ESTALE),
+            "a pin 150 ms old was taken"
+        );
+        let seventh = lookup_f(&fs, ended);
+        replace_behind(&src, "f", &v(8));
+        assert_eq!(
+            fs.open(seventh, libc::O_RDONLY, ended, &no_backing).err(),
+            Some(fuser::Errno::ESTALE)
+        );
+        let missing = fs.lookup_by(ROOT, OsStr::new("nothing"), Some(ended));
+        assert_eq!(missing.err(), Some(fuser::Errno::ENOENT));
+        let eighth = lookup_f(&fs, ended);
+        replace_behind(&src, "f", &v(9));
+        assert_eq!(
+            fs.open(eighth, libc::O_RDONLY, ended, &no_backing).err(),
+            Some(fuser::Errno::ESTALE),
+            "a lookup after the retry's walk had ended pinned the file"
+        );
+        for id in [third, fourth, fifth, sixth, seventh, eighth] {
+            fs.forget(id, 1);
+        }
+        assert_eq!(read_through(&fs, "f", 4096).unwrap(), v(9));
+        drop(fs);
+        fs::remove_dir_all(dirs.0.join("cache")).unwrap();
+        fs::create_dir_all(dirs.0.join("cache")).unwrap();
+    }
+}
