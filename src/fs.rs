@@ -33,7 +33,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
@@ -53,7 +53,6 @@ mod object;
 mod offline;
 mod open;
 mod reintegrate;
-mod retry;
 mod state;
 mod write;
 pub use changes::spawn_coherence_threads;
@@ -215,9 +214,9 @@ pub struct CachingFs {
     locks: Mutex<HashMap<(u64, u64), Arc<SourceFile>>>,
     next_fh: AtomicU64,
     passthrough_ok: AtomicBool,
-    /// Threads whose last open answered ESTALE: their next lookups and open are the
-    /// kernel's retry (`retry.rs`).
-    retries: retry::Retries,
+    /// Threads whose last open answered ESTALE, and when: their next open is the kernel's
+    /// retry (`open`).
+    estale_told: Mutex<HashMap<u32, Instant>>,
     pub stats: Stats,
     /// TTLs, the source watcher, leases, and the channel to the kernel's caches.
     pub coherence: Coherence,
@@ -375,7 +374,7 @@ impl CachingFs {
             locks: Mutex::default(),
             next_fh: AtomicU64::new(1),
             passthrough_ok: AtomicBool::new(cfg.passthrough && !cfg.kernel_opens),
-            retries: retry::Retries::default(),
+            estale_told: Mutex::default(),
             stats: Stats::default(),
             coherence,
             usage: Arc::new(usage),

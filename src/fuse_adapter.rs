@@ -201,8 +201,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let call = self.call(Op::Lookup, req);
-        let r = self.fs.lookup_by(parent.0, name, Some(req.pid()));
-        self.lookup_entry(&call, reply, parent, r);
+        self.lookup_entry(&call, reply, parent, self.fs.lookup(parent.0, name));
     }
 
     fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {

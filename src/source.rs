@@ -232,15 +232,6 @@ pub fn may_mean_unreachable(e: &io::Error) -> bool {
     )
 }
 
-/// Opens the file that `fd` (an `O_PATH` one too) names, through its /proc link, whatever
-/// name leads to it now: `fd` was resolved beneath the source's root when it was taken, and
-/// a file renamed over since is still reached (its last reference may be `fd`).
-pub fn reopen(fd: BorrowedFd<'_>, flags: OFlags) -> io::Result<File> {
-    let p = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    let f = rustix::fs::open(p, flags | OFlags::CLOEXEC, Mode::empty()).map_err(rustix_err)?;
-    Ok(File::from(f))
-}
-
 /// `getxattr` of the object that `fd` (an `O_PATH` one too) names, through its /proc link:
 /// `fgetxattr` refuses `O_PATH` descriptors.
 pub fn getxattr_of(fd: BorrowedFd<'_>, name: &OsStr, size: usize) -> io::Result<Vec<u8>> {

@@ -74,7 +74,6 @@ counters! {
     stale_invalidations: "cached files dropped because the source changed",
     versions_kept: "files changed behind the mount while open whole: open handles kept the old version, new opens got a new node",
     retired_opens: "opens that, retried by the kernel after ESTALE, found the file replaced again and got the version just replaced",
-    pinned_opens: "opens that, retried by the kernel after ESTALE, read the file the retry's lookup had found, through the descriptor it kept (the name may lead to another file by then)",
     corrupt_records: "cache records found torn or corrupt and discarded",
     cache_errors: "cache I/O errors (the request was served from the source)",
     checkpoints: "durable record updates",

@@ -560,9 +560,8 @@ fn reading_ahead_races_replacements_a_lister_and_a_held_handle() {
             for name in &order {
                 opens += 1;
                 let got = match fs::read(t.m(&format!("d/{name}"))) {
-                    // The file was replaced again while the kernel retried the open, and
-                    // the retry's open came too late to read the file its lookup kept
-                    // (`fs/retry.rs`; README, "Semantics in short"): counted, bounded below.
+                    // The file was replaced again while the kernel retried the open (the
+                    // README's "Semantics in short"): counted, and bounded below.
                     Err(e) if e.raw_os_error() == Some(libc::ESTALE) => {
                         estale += 1;
                         continue;

@@ -96,7 +96,7 @@ impl CachingFs {
             return op(fh);
         }
         let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
-        let opened = self.open_node(id, flags & keep, None, None, &no_backing)?;
+        let opened = self.open_node(id, flags & keep, None, &no_backing)?;
         let r = op(opened.fh);
         if let Ok(inode) = self.inode(id) {
             inode.served_kernel_open();
@@ -121,8 +121,8 @@ impl CachingFs {
             return;
         }
         let opened = self
-            .open_node(inode.id, libc::O_RDWR, None, None, &no_backing)
-            .or_else(|_| self.open_node(inode.id, libc::O_RDONLY, None, None, &no_backing));
+            .open_node(inode.id, libc::O_RDWR, None, &no_backing)
+            .or_else(|_| self.open_node(inode.id, libc::O_RDONLY, None, &no_backing));
         match opened {
             Ok(o) => {
                 let earlier = kept.lock().unwrap().insert(inode.id, o.fh);

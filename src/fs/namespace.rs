@@ -7,7 +7,6 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use fuser::{Errno, FileAttr};
 
@@ -17,26 +16,16 @@ use crate::sync::MutexGuard;
 
 impl CachingFs {
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
-        self.lookup_by(parent, name, None)
-    }
-
-    /// `lookup` for thread `pid` (a FUSE request's), whose lookups may be the kernel's retry
-    /// of an open (`retry.rs`).
-    pub fn lookup_by(&self, parent: u64, name: &OsStr, pid: Option<u32>) -> Result<FileAttr> {
         if !self.online() {
             return self.offline_lookup(parent, name);
         }
-        let r = match self.lookup_online(parent, name, pid) {
+        match self.lookup_online(parent, name) {
             Err(_) if !self.online() => self.offline_lookup(parent, name),
             r => r,
-        };
-        if let (Err(_), Some(pid)) = (&r, pid) {
-            self.retries.ended(pid);
         }
-        r
     }
 
-    fn lookup_online(&self, parent: u64, name: &OsStr, pid: Option<u32>) -> Result<FileAttr> {
+    fn lookup_online(&self, parent: u64, name: &OsStr) -> Result<FileAttr> {
         let dir = self.inode(parent)?;
         let dir_path = dir.path().ok_or(Errno::ENOENT)?;
         // Watch first: a change between our stat and the watch would go unseen.
@@ -44,18 +33,8 @@ impl CachingFs {
             .watch_dir(parent, || self.source.dir(&dir_path).ok());
         let path = child(&dir_path, name)?;
         let seen = self.uploads_seen();
-        // The kernel's retry of an open keeps the file it finds (`retry.rs`).
-        let retrying = pid.filter(|&p| self.caps().descriptors && self.retries.retrying(p));
-        let at = Instant::now();
-        let pinned = retrying.and_then(|_| self.source.open_path_and_stat(&path).ok());
-        let (pin, mut st) = match pinned {
-            Some((fd, st)) => (Some(fd).filter(|_| st.is_file()), st),
-            None => (None, self.source.stat(&path).map_err(errno)?),
-        };
+        let mut st = self.source.stat(&path).map_err(errno)?;
         let inode = self.inodes.lookup(parent, &path, &st);
-        if let (Some(pid), Some(fd)) = (retrying, pin) {
-            self.retries.pin(pid, inode.id, fd, at);
-        }
         self.pending_attr(inode.id, seen, &mut st);
         Ok(attr_told(&inode, &st))
     }

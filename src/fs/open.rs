@@ -13,19 +13,23 @@ use std::time::{Duration, Instant};
 
 use fuser::{BackingId, Errno, FileAttr, FopenFlags};
 
-use super::retry::Pinned;
 use super::{CachingFs, FileState, Handle, Inode, OpenKind, Opened, Result, Writes, child, errno};
 use crate::cache::store::first_page_resident;
 use crate::coherence::{Notice, OpenLease};
 use crate::fetch::HandleFetch;
 use crate::fetch_pool::Found;
 use crate::health::SourceFile;
-use crate::source::{SourceReader, Stat};
+use crate::source::Stat;
 use crate::stats::Stats;
 
 /// How often an open looks at a file again whose record is older than the source while
 /// an own change may be under way (a millisecond apart while one is).
 const OWN_CHANGE_TRIES: u32 = 50;
+
+/// How long after an open answered ESTALE its thread's next open counts as the kernel's
+/// retry of it (`CachingFs::open`): the retry follows at once, but a loaded machine may
+/// delay it. Bounds a mark the kernel did not follow with a retry.
+const ESTALE_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a writer waits for passthrough readers whose release is still on its way.
 const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
@@ -137,25 +141,29 @@ impl CachingFs {
         pid: u32,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
-        // The kernel retries an open that failed with ESTALE once (`retry.rs`).
-        let retry = self.retries.take(pid);
-        let first_estale = retry.as_ref().map(|r| r.first);
-        let pinned = retry.and_then(|r| r.pinned).filter(|p| p.node == id);
-        let r = self.open_node(id, flags, first_estale, pinned, make_backing);
+        // The kernel retries an open that failed with ESTALE once, at once, after looking
+        // the name up again (`do_filp_open`), and the thread waits in that one syscall
+        // meanwhile: when this thread's previous open answered ESTALE moments ago, this is
+        // its retry. Every open takes the mark, so none outlives the retry it stands for.
+        let first_estale = {
+            let mut told = self.estale_told.lock().unwrap();
+            told.retain(|_, at| at.elapsed() < ESTALE_RETRY);
+            told.remove(&pid)
+        };
+        let r = self.open_node(id, flags, first_estale, make_backing);
         if first_estale.is_none() && matches!(r, Err(e) if e == Errno::ESTALE) {
-            self.retries.told(pid);
+            self.estale_told.lock().unwrap().insert(pid, Instant::now());
         }
         r
     }
 
     /// `open`; `first_estale`: when this thread's previous open, of which this one is the
-    /// kernel's retry, answered ESTALE; `pinned`: the file that retry's lookup found.
+    /// kernel's retry, answered ESTALE.
     pub(super) fn open_node(
         &self,
         id: u64,
         flags: i32,
         first_estale: Option<Instant>,
-        pinned: Option<Pinned>,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let inode = self.inode(id)?;
@@ -179,7 +187,7 @@ impl CachingFs {
         if !self.online() {
             return offline();
         }
-        match self.open_online(&inode, &path, flags, pinned, make_backing) {
+        match self.open_online(&inode, &path, flags, make_backing) {
             Err(_) if !self.online() => offline(),
             r => r,
         }
@@ -237,7 +245,6 @@ impl CachingFs {
         inode: &Arc<Inode>,
         path: &Path,
         flags: i32,
-        pinned: Option<Pinned>,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let (inode, path) = (inode.clone(), path.to_path_buf());
@@ -282,45 +289,6 @@ impl CachingFs {
                 inode.grant_callback(cb, breaks);
             }
             looked.map(|(fd, st)| (Some(fd), st))
-        };
-        // The kernel's retry of a reader, whose lookup kept the file it found (`retry.rs`):
-        // the file is read through a descriptor opened from the one kept, and its version
-        // is what that descriptor shows once open (a file renamed over has its ctime moved
-        // by the unlink, so a look taken before would not match it). When the name has
-        // moved on again since the lookup, the open gets that file all the same, and the
-        // kernel forgets the name as below.
-        let moved_on = match &looked {
-            Err(e) => e.raw_os_error() == Some(libc::ENOENT),
-            Ok((_, st)) => !inode.is_same_file(st),
-        };
-        let pin_at = Instant::now();
-        let pinned = pinned.filter(|_| reading && self.stable_ino).and_then(|p| {
-            let reader = self.source.reopen_reader(p.fd.as_fd()).ok()?;
-            let st = match &reader {
-                SourceReader::File(f) => self.source.fstat(f.as_fd()).ok(),
-                SourceReader::Object { .. } => None,
-            };
-            match st {
-                Some(st) if st.is_file() && inode.is_same_file(&st) => Some((p, st, reader)),
-                _ => {
-                    self.source.close_later(reader);
-                    None
-                }
-            }
-        });
-        let mut pin_reader = None;
-        let looked = match pinned {
-            Some((p, st, reader)) => {
-                pin_reader = Some((reader, st));
-                Stats::add(&self.stats.cache.pinned_opens, 1);
-                looked_at = pin_at;
-                if moved_on {
-                    self.drop_stale_name(&inode, &path);
-                    looked_at = p.at;
-                }
-                Ok((Some(p.fd), st))
-            }
-            None => looked,
         };
         let (path_fd, st) = match looked {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
@@ -507,21 +475,9 @@ impl CachingFs {
         }
 
         if !state.complete() && state.fetch_src.is_none() {
-            // The retry's reader, if its version is the one the state caches.
-            let pinned = pin_reader
-                .take()
-                .filter(|(_, st)| self.identity(st).same_version(&state.record().identity));
-            let mut pinned = pinned.map(|(reader, _)| reader);
-            state.fetch_src = self.fetcher.open_source(|| match pinned.take() {
-                Some(reader) => Ok(reader),
-                None => self.open_fetch_reader(&path, &state.record().identity),
-            });
-            if let Some(unused) = pinned {
-                self.source.close_later(unused);
-            }
-        }
-        if let Some((unused, _)) = pin_reader.take() {
-            self.source.close_later(unused);
+            state.fetch_src = self
+                .fetcher
+                .open_source(|| self.open_fetch_reader(&path, &state.record().identity));
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).

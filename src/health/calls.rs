@@ -28,15 +28,6 @@ impl GuardedSource {
         self.call(move |t| t.open_reader(&rel, size, ctime))
     }
 
-    /// A reader of the file that the `O_PATH` descriptor `fd` names (`source::reopen`),
-    /// for fetching the version that descriptor pins.
-    pub fn reopen_reader(&self, fd: std::os::fd::BorrowedFd<'_>) -> io::Result<SourceReader> {
-        self.with_fd(fd, |f| {
-            let flags = rustix::fs::OFlags::RDONLY;
-            crate::source::reopen(std::os::fd::AsFd::as_fd(f), flags).map(SourceReader::File)
-        })
-    }
-
     /// Up to `len` bytes at `offset` of a reader's file (fewer only at its end).
     pub fn read_at(&self, reader: &SourceReader, len: usize, offset: u64) -> io::Result<Vec<u8>> {
         match reader {
