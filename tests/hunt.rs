@@ -87,13 +87,43 @@ fn check(f: usize, data: &[u8], max_v: u64) -> Result<u64, String> {
         if v > max_v || got != block(f, v, b).as_slice() {
             let zeros = got.iter().all(|x| *x == 0);
             return Err(format!(
-                "{}: block {b} is no version's (zeros: {zeros}, claims v{v} of ≤ v{max_v})",
-                name(f)
+                "{}: block {b} is no version's (zeros: {zeros}, claims v{v} of ≤ v{max_v}; {})",
+                name(f),
+                what_block(f, got, b, v.min(max_v), max_v)
             ));
         }
         oldest = oldest.min(v);
     }
     Ok(oldest)
+}
+
+/// What a wrong block `got` (at index `b` of file `f`, claiming version `v`) is made of,
+/// for the failure message: how many of its bytes match block `b` of version `v`, and
+/// whether the rest is another version's block `b` from there on (a torn copy) or it is
+/// another offset's block (a block read from the wrong place).
+fn what_block(f: usize, got: &[u8], b: usize, v: u64, max_v: u64) -> String {
+    let same = |a: &[u8], w: &[u8]| a.iter().zip(w).take_while(|(x, y)| x == y).count();
+    let prefix = same(got, &block(f, v, b));
+    let mut out = format!("first {prefix} bytes are v{v}'s");
+    if prefix < got.len() {
+        let rest = (0..=max_v)
+            .rev()
+            .find(|&w| w != v && got[prefix..] == block(f, w, b)[prefix..]);
+        match rest {
+            Some(w) => out += &format!(", the rest v{w}'s"),
+            None => out += ", the rest no version's of this block",
+        }
+    }
+    let blocks = SIZES[f] / BLOCK;
+    if let Some((w, c)) = (0..=max_v)
+        .rev()
+        .take(64)
+        .flat_map(|w| (0..blocks).map(move |c| (w, c)))
+        .find(|&(w, c)| c != b && got == block(f, w, c).as_slice())
+    {
+        out += &format!("; it is block {c} of v{w}");
+    }
+    out
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -603,4 +633,36 @@ fn a_same_second_same_size_rewrite_is_seen_on_a_source_with_whole_second_timesta
     let _ = Command::new("umount")
         .arg(source.real.parent().unwrap().join("src"))
         .status();
+}
+
+/// The failure message says what a wrong block is made of.
+#[test]
+fn a_wrong_block_is_described() {
+    let mut torn = block(2, 7, 5);
+    torn[100..].copy_from_slice(&block(2, 6, 5)[100..]);
+    let e = check(
+        2,
+        &[
+            &content(2, 7)[..5 * BLOCK],
+            &torn[..],
+            &content(2, 7)[6 * BLOCK..],
+        ]
+        .concat(),
+        7,
+    );
+    assert!(
+        e.unwrap_err()
+            .contains("first 100 bytes are v7's, the rest v6's")
+    );
+    let e = check(
+        2,
+        &[
+            &content(2, 7)[..5 * BLOCK],
+            &block(2, 7, 9)[..],
+            &content(2, 7)[6 * BLOCK..],
+        ]
+        .concat(),
+        7,
+    );
+    assert!(e.unwrap_err().contains("it is block 9 of v7"));
 }
