@@ -572,9 +572,9 @@ fn reading_ahead_races_replacements_a_lister_and_a_held_handle() {
                     return Err(format!("round {round}: d/{name} read bytes it never held"));
                 }
                 let mut buf = Vec::new();
-                held.seek(SeekFrom::Start(0)).unwrap();
-                held.read_to_end(&mut buf)
-                    .map_err(|e| format!("round {round}: the held handle: {e}"))?;
+                let held_err = |e: std::io::Error| format!("round {round}: the held handle: {e}");
+                held.seek(SeekFrom::Start(0)).map_err(held_err)?;
+                held.read_to_end(&mut buf).map_err(held_err)?;
                 if !is_version(&held_name, &buf) {
                     return Err(format!(
                         "round {round}: the held handle read bytes it never held"

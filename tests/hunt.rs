@@ -638,31 +638,18 @@ fn a_same_second_same_size_rewrite_is_seen_on_a_source_with_whole_second_timesta
 /// The failure message says what a wrong block is made of.
 #[test]
 fn a_wrong_block_is_described() {
+    // Version 7 of file 2 with `wrong` as its block 5.
+    let with_block_5 = |wrong: &[u8]| {
+        let good = content(2, 7);
+        check(
+            2,
+            &[&good[..5 * BLOCK], wrong, &good[6 * BLOCK..]].concat(),
+            7,
+        )
+        .unwrap_err()
+    };
     let mut torn = block(2, 7, 5);
     torn[100..].copy_from_slice(&block(2, 6, 5)[100..]);
-    let e = check(
-        2,
-        &[
-            &content(2, 7)[..5 * BLOCK],
-            &torn[..],
-            &content(2, 7)[6 * BLOCK..],
-        ]
-        .concat(),
-        7,
-    );
-    assert!(
-        e.unwrap_err()
-            .contains("first 100 bytes are v7's, the rest v6's")
-    );
-    let e = check(
-        2,
-        &[
-            &content(2, 7)[..5 * BLOCK],
-            &block(2, 7, 9)[..],
-            &content(2, 7)[6 * BLOCK..],
-        ]
-        .concat(),
-        7,
-    );
-    assert!(e.unwrap_err().contains("it is block 9 of v7"));
+    assert!(with_block_5(&torn).contains("first 100 bytes are v7's, the rest v6's"));
+    assert!(with_block_5(&block(2, 7, 9)).contains("it is block 9 of v7"));
 }
