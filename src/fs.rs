@@ -74,6 +74,17 @@ use crate::stats::Stats;
 
 pub type Result<T> = std::result::Result<T, Errno>;
 
+/// How long a write behind the mount may still be copying its bytes after it moved the
+/// file's times. Local file systems stamp the mtime and ctime first and copy after (ext4,
+/// xfs and tmpfs call `file_modified` before `generic_perform_write`), so a fetch in that
+/// time reads new bytes, old bytes and pages mid-copy under the new version's identity,
+/// and no stat after the write differs. A version fetched within this of its last change
+/// is recorded racy: its next open, or the watcher's notice of the write, compares it
+/// with the source (`tests/mid_write.rs` stops a write halfway to show it). Generous: a
+/// write of a few MiB copies in milliseconds, but a preempted one on a loaded machine
+/// takes longer.
+const WRITE_IN_FLIGHT: Duration = Duration::from_secs(1);
+
 /// The set-ID bits of `mode` that a write or truncation by a caller without `CAP_FSETID`
 /// clears: set-user-ID, and set-group-ID when the group may execute (without it the bit
 /// means mandatory locking, and stays).
@@ -445,23 +456,35 @@ impl CachingFs {
         }
     }
 
-    /// The identity to record for the version `st` that is about to be cached (or was just
-    /// written): racy when it was taken within the source's timestamp granularity of its
-    /// mtime, so that a rewrite in the same tick, which would look the same, cannot keep
-    /// the old bytes trusted (a racy identity matches no stat: the next open fetches again,
-    /// and records a settled identity then).
+    /// The identity to record for a version `st` whose bytes the mount wrote or kept (its
+    /// own write, truncate or attribute change): racy when it was taken within the source's
+    /// timestamp granularity of the file's last change, so that a rewrite in the same tick,
+    /// which would look the same, cannot keep the old bytes trusted (a racy identity
+    /// matches no stat: the next open compares the bytes, `racy_record_still_holds`).
     fn recorded_identity(&self, st: &Stat) -> SourceIdentity {
+        self.identity_racy_within(st, self.timestamp_granularity, SystemTime::now())
+    }
+
+    /// The identity to record for a version `st` whose bytes are read from the source
+    /// from `read_from` on (a fetch about to begin, a comparison): racy also while a
+    /// write that made this version may still be copying its bytes (`WRITE_IN_FLIGHT`).
+    /// An object's ETag names its bytes exactly, and a GET never returns half of a PUT.
+    fn fetched_identity(&self, st: &Stat, read_from: SystemTime) -> SourceIdentity {
+        let window = if self.caps().exact_versions {
+            self.timestamp_granularity
+        } else {
+            self.timestamp_granularity + WRITE_IN_FLIGHT
+        };
+        self.identity_racy_within(st, window, read_from)
+    }
+
+    fn identity_racy_within(&self, st: &Stat, window: Duration, now: SystemTime) -> SourceIdentity {
         let id = self.identity(st);
-        if self.timestamp_granularity.is_zero() {
+        if window.is_zero() {
             return id;
         }
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        id.checked_at(
-            (now.as_secs() as i64, now.subsec_nanos()),
-            self.timestamp_granularity,
-        )
+        let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        id.checked_at((now.as_secs() as i64, now.subsec_nanos()), window)
     }
 
     /// A racy record (`recorded_identity`) of the version `st` still names: whether the
@@ -477,6 +500,8 @@ impl CachingFs {
         st: &Stat,
     ) -> bool {
         let now = self.identity(st);
+        // Stamped as of before the comparison's reads: they may race a write as a fetch can.
+        let stamp = self.fetched_identity(st, SystemTime::now());
         // The comparison reads the source through a descriptor.
         if !rec.identity.racy || !rec.identity.same_version(&now) || !self.caps().descriptors {
             return false;
@@ -504,7 +529,7 @@ impl CachingFs {
         if !same || !after.is_ok_and(|a| a.same_version(&now)) {
             return false;
         }
-        rec.identity = self.recorded_identity(st);
+        rec.identity = stamp;
         true
     }
 

@@ -221,17 +221,22 @@ fn cached_whole(t: &TestMount, rel: &str) -> bool {
         .is_some_and(|r| r.is_complete())
 }
 
-/// A directory of small files: (name, bytes), in no particular order.
+/// A directory of small files: (name, bytes), in no particular order. Returns once they
+/// are older than the time a write may still be copying (1 s): a file fetched sooner is
+/// recorded racy, and each open compares it with the source, reading its cache file in
+/// (which would hide the cold hits these tests look for).
 fn small_files(t: &TestMount, dir: &str, n: usize) -> Vec<(String, Vec<u8>)> {
     fs::create_dir(t.s(dir)).unwrap();
-    (0..n)
+    let files = (0..n)
         .map(|i| {
             let name = format!("f{i:03}.h");
             let data = pattern(3000 + i * 517, i as u64 + 1);
             fs::write(t.s(&format!("{dir}/{name}")), &data).unwrap();
             (name, data)
         })
-        .collect()
+        .collect();
+    std::thread::sleep(Duration::from_millis(1100));
+    files
 }
 
 /// A file changed behind an unwatched mount, then fetched ahead by the directory prefetch

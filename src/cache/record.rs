@@ -69,10 +69,12 @@ impl SourceIdentity {
     }
 
     /// `self`, racy if it was taken (at `now`, seconds and nanoseconds since the epoch)
-    /// less than `granularity` after its mtime, or before it (a clock ahead of ours).
-    pub fn checked_at(mut self, now: (i64, u32), granularity: std::time::Duration) -> Self {
+    /// less than `window` after the file's last change (the later of its mtime and
+    /// ctime), or before it (a clock ahead of ours).
+    pub fn checked_at(mut self, now: (i64, u32), window: std::time::Duration) -> Self {
         let ns = |(s, n): (i64, u32)| i128::from(s) * 1_000_000_000 + i128::from(n);
-        self.racy = ns(now) - ns(self.mtime) < granularity.as_nanos() as i128;
+        let changed = ns(self.mtime).max(ns(self.ctime));
+        self.racy = ns(now) - changed < window.as_nanos() as i128;
         self
     }
 }
@@ -410,5 +412,19 @@ mod racy_tests {
         // Still the same version: a fetch into its cache reads it.
         assert!(racy.same_version(&id) && id.same_version(&racy));
         assert!(!racy.same_version(&SourceIdentity { size: 5, ..id }));
+    }
+
+    #[test]
+    fn a_ctime_later_than_the_mtime_is_the_change_that_counts() {
+        // `touch -r` after a rewrite: the mtime put back, the ctime of the rewrite.
+        let id = SourceIdentity {
+            size: 4,
+            mtime: (50, 0),
+            ctime: (100, 500_000_000),
+            ..Default::default()
+        };
+        let second = Duration::from_secs(1);
+        assert!(id.checked_at((101, 0), second).racy);
+        assert!(!id.checked_at((101, 600_000_000), second).racy);
     }
 }

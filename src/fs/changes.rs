@@ -200,7 +200,7 @@ impl CachingFs {
         // recorded since: a file that moved on is looked at again (outside the lock).
         for _ in 0..3 {
             let state = guard.as_ref()?;
-            if state.written() || state.record().identity == self.identity(&st) {
+            if state.written() || state.record().identity.same_version(&self.identity(&st)) {
                 break;
             }
             drop(guard);

@@ -525,7 +525,15 @@ impl FileState {
         if identity.size != self.record.identity.size {
             return;
         }
-        self.record.identity = identity;
+        self.follow_own_change(identity);
+    }
+
+    /// The source is `after` now by a change the mount made. A racy record stays racy: the
+    /// bytes it kept from before may have been fetched while a write behind the mount was
+    /// still copying (`CachingFs::fetched_identity`), and are still to be compared.
+    pub(super) fn follow_own_change(&mut self, after: SourceIdentity) {
+        let racy = after.racy || self.record.identity.racy;
+        self.record.identity = SourceIdentity { racy, ..after };
     }
 
     /// The file's times as the mount set them where the source keeps them only later (an

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{Errno, FileAttr, FopenFlags};
 
 use super::Inode;
+use super::state::Look;
 use super::{
     CachingFs, FileState, Handle, OpenKind, Opened, Result, Writes, attr_told, cache_failed, child,
     errno,
@@ -189,7 +190,7 @@ impl CachingFs {
         }
         let mut guard = inode.file();
         if guard.is_none() {
-            let (state, _) = self.load_state(inode, path, &mut { *st }, false);
+            let (state, _) = self.load_state(inode, path, &mut { *st }, Look::Source);
             *guard = Some(Box::new(state));
         }
         let state = guard.as_mut().unwrap();
@@ -305,7 +306,7 @@ impl CachingFs {
         let mut guard = inode.file();
         let opened_here = guard.is_none();
         if opened_here {
-            let (state, _) = self.load_state(inode, path, &mut { *st }, false);
+            let (state, _) = self.load_state(inode, path, &mut { *st }, Look::Source);
             *guard = Some(Box::new(state));
         }
         let state = guard.as_mut().unwrap();

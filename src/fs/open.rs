@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use fuser::{BackingId, Errno, FileAttr, FopenFlags};
 
+use super::state::Look;
 use super::{CachingFs, FileState, Handle, Inode, OpenKind, Opened, Result, Writes, child, errno};
 use crate::cache::store::first_page_resident;
 use crate::coherence::{Notice, OpenLease};
@@ -93,7 +94,7 @@ impl CachingFs {
         {
             let mut guard = inode.file();
             if guard.is_none() {
-                let (mut state, _) = self.load_state(&inode, &path, &mut st, true);
+                let (mut state, _) = self.load_state(&inode, &path, &mut st, Look::Created);
                 state.path_fd = path_fd.map(Arc::new);
                 *guard = Some(Box::new(state));
             }
@@ -328,7 +329,7 @@ impl CachingFs {
         while let Some(state) = guard.as_ref() {
             let differs = self.stale_check()
                 && !state.written()
-                && state.record().identity != self.identity(&st);
+                && !state.record().identity.same_version(&self.identity(&st));
             tries += 1;
             if !differs || tries > OWN_CHANGE_TRIES {
                 break;
@@ -367,7 +368,12 @@ impl CachingFs {
         }
         match guard.as_mut() {
             None => {
-                let (mut state, reset) = self.load_state(&inode, &path, &mut st, false);
+                let look = if leased.is_some() {
+                    Look::Leased
+                } else {
+                    Look::Source
+                };
+                let (mut state, reset) = self.load_state(&inode, &path, &mut st, look);
                 state.path_fd = path_fd.map(Arc::new);
                 keep_cache = !reset;
                 if reset {
@@ -387,9 +393,14 @@ impl CachingFs {
                     inode.content_changed();
                     keep_cache = false;
                 }
+                // A lease vouches for its version for its length, racy or not: the
+                // bytes of a racy one are compared when an open looks again.
+                let leased_version =
+                    leased.is_some() && state.record().identity.same_version(&self.identity(&st));
                 if self.stale_check()
                     && !state.written()
                     && state.record().identity != self.identity(&st)
+                    && !leased_version
                     && !self.settle_racy(&path, state, &st)
                 {
                     // Changed behind the mount while open, before the watcher or a lease
@@ -411,7 +422,7 @@ impl CachingFs {
         // again and found another).
         if let Some(state) = guard.as_mut()
             && self.identity(&st) == seen
-            && state.record().identity == seen
+            && state.record().identity.same_version(&seen)
         {
             state.confirmed = Some(looked_at);
         }
@@ -456,7 +467,7 @@ impl CachingFs {
                 std::thread::sleep(Duration::from_millis(2));
                 guard = inode.file();
                 if guard.is_none() {
-                    let (state, _) = self.load_state(&inode, &path, &mut st, false);
+                    let (state, _) = self.load_state(&inode, &path, &mut st, Look::Source);
                     *guard = Some(Box::new(state));
                 }
             }
@@ -566,7 +577,10 @@ impl CachingFs {
         let seen = self.identity(st);
         // (Where the source renumbers inodes, a node's key is the number of its first look.)
         let same_file = !self.stable_ino || inode.is_same_file(st);
-        let current = state.complete() && state.record().identity == seen && same_file;
+        // A racy record (fetched or compared while a write may have been copying) is
+        // leased too: what it holds is what the source returned, and the lease bounds how
+        // long that is served, as it bounds an old version's.
+        let current = state.complete() && state.record().identity.same_version(&seen) && same_file;
         match used {
             Some(lease) if !current || self.identity(&lease.stat) != seen => {
                 inode.break_callback();

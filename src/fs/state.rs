@@ -5,6 +5,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use super::{CachingFs, FileState, Inode};
 use crate::cache::store::read_record;
@@ -12,6 +13,19 @@ use crate::cache::{CacheRecord, SourceIdentity};
 use crate::coherence::Notice;
 use crate::source::Stat;
 use crate::stats::Stats;
+
+/// What the stat given to `CachingFs::load_state` stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Look {
+    /// The file was just created by the mount: any old cache entry under its name is
+    /// dropped.
+    Created,
+    /// A look at the source.
+    Source,
+    /// The version an open lease vouches for (`--open-lease`): a racy record of it is
+    /// served as it is for the lease's length; an open that looks again compares it.
+    Leased,
+}
 
 impl CachingFs {
     /// Drops the cache state of a file nobody has open any more.
@@ -29,15 +43,14 @@ impl CachingFs {
         FileState::new(CacheRecord::empty(identity, self.cfg.chunk_size))
     }
 
-    /// Loads the cache state of `path` from its record, checking it against `st`. Returns
-    /// the state and whether cached data was discarded. With `new_file`, the file was
-    /// just created by us and any old cache entry under its name is dropped.
+    /// Loads the cache state of `path` from its record, checking it against `st` (what
+    /// `look` says it is). Returns the state and whether cached data was discarded.
     pub(super) fn load_state(
         &self,
         inode: &Arc<Inode>,
         path: &Path,
         st: &mut Stat,
-        new_file: bool,
+        look: Look,
     ) -> (FileState, bool) {
         {
             // An eviction under way ends first; later ones skip the file, loaded from now
@@ -62,11 +75,11 @@ impl CachingFs {
         // empty record need not be durable (one fsync less per newly cached file).
         let mut had_record = true;
         match read_record(&files) {
-            Ok(Some(Ok(mut rec))) if !new_file => {
+            Ok(Some(Ok(mut rec))) if look != Look::Created => {
                 // `st` was taken before the caller's lock: a writer that closed since then
                 // left a record of a newer version. Looked at again (only on a mismatch).
                 if !rec.dirty
-                    && rec.identity != identity
+                    && !rec.identity.same_version(&identity)
                     && let Ok(now) = self.source.stat(path)
                     && (now.dev, now.ino) == (st.dev, st.ino)
                 {
@@ -76,6 +89,7 @@ impl CachingFs {
                 let matches = !rec.dirty
                     && data_len == Some(rec.identity.size)
                     && (rec.identity == identity
+                        || (look == Look::Leased && rec.identity.same_version(&identity))
                         || !self.stale_check()
                         || self.racy_record_still_holds(path, &files, &mut rec, st));
                 if matches {
@@ -121,7 +135,7 @@ impl CachingFs {
             // record dirty durably, `mark_written`).
             state.reset_as(
                 &self.env(),
-                self.recorded_identity(st),
+                self.fetched_identity(st, SystemTime::now()),
                 had_record,
                 Some(path),
             );
@@ -141,7 +155,12 @@ impl CachingFs {
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
     pub(super) fn reset(&self, state: &mut FileState, st: &Stat, path: Option<&Path>) {
-        state.reset_as(&self.env(), self.recorded_identity(st), true, path);
+        state.reset_as(
+            &self.env(),
+            self.fetched_identity(st, SystemTime::now()),
+            true,
+            path,
+        );
     }
 
     /// The name of `inode` if it still leads to the inode's own source file: its cache entry
@@ -180,7 +199,10 @@ impl CachingFs {
             return false;
         }
         let path = self.own_path(inode);
-        let new_version = CacheRecord::empty(self.recorded_identity(st), self.cfg.chunk_size);
+        let new_version = CacheRecord::empty(
+            self.fetched_identity(st, SystemTime::now()),
+            self.cfg.chunk_size,
+        );
         let new_entry = path.as_deref().map(|p| (p, &new_version));
         if let Err(e) = state.keep_apart(&self.env(), new_entry) {
             tracing::warn!("cannot keep an old version apart: {e}");

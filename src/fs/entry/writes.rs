@@ -63,7 +63,7 @@ impl FileState {
             }
             self.noted();
         }
-        self.record.identity = after;
+        self.follow_own_change(after);
     }
 
     /// The source file was truncated to `size` by the mount and is now `after` (`None`: its
@@ -81,7 +81,7 @@ impl FileState {
         self.noted();
         if cut && after.size == size {
             self.record.resize(size);
-            self.record.identity = after;
+            self.follow_own_change(after);
         } else {
             self.drop_cached();
         }
@@ -118,7 +118,7 @@ impl FileState {
         } else {
             self.emptied(after.size);
         }
-        self.record.identity = after;
+        self.follow_own_change(after);
         self.noted();
     }
 

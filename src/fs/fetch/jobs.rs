@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 use super::{Ctx, Got};
 use crate::fetch::{End, Flight};
 use crate::fetch_pool::{FileJob, Found, Job, Task};
+use crate::fs::state::Look;
 use crate::fs::{CachingFs, Inode};
 use crate::stats::Stats;
 use crate::threads::Threads;
@@ -93,7 +94,7 @@ impl CachingFs {
         if guard.is_some() || !job.wanted() || !self.inodes.holds(&inode) {
             return;
         }
-        let (state, reset) = self.load_state(&inode, &job.path, &mut st, false);
+        let (state, reset) = self.load_state(&inode, &job.path, &mut st, Look::Source);
         if reset {
             // As at an open's load: pages the kernel kept from an earlier open may be of
             // the version the cache just dropped, and the next open must not keep them.
