@@ -188,7 +188,7 @@ impl CachingFs {
         if !self.online() {
             return offline();
         }
-        match self.open_online(&inode, &path, flags, make_backing) {
+        match self.open_online(&inode, &path, flags, first_estale, make_backing) {
             Err(_) if !self.online() => offline(),
             r => r,
         }
@@ -246,6 +246,7 @@ impl CachingFs {
         inode: &Arc<Inode>,
         path: &Path,
         flags: i32,
+        first_estale: Option<Instant>,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let (inode, path) = (inode.clone(), path.to_path_buf());
@@ -347,6 +348,15 @@ impl CachingFs {
                 break;
             }
             st = again;
+        }
+        // Retired since `open_node` looked (by another open, a lease's or the watcher's
+        // revalidation, while this one asked the source): the node holds an old version
+        // for its handles, and the name's cache entry is another node's now. Loading it
+        // here would put a second cache state over that node's files; answered as any
+        // open of a retired node is. (Nodes are retired under this lock.)
+        if inode.is_retired() {
+            drop(guard);
+            return self.open_retired(&inode, flags, first_estale, make_backing);
         }
         let mut keep_cache = true;
         // No handle of the node was ever given to the kernel: it holds no pages of the
@@ -466,6 +476,11 @@ impl CachingFs {
                 drop(guard);
                 std::thread::sleep(Duration::from_millis(2));
                 guard = inode.file();
+                if inode.is_retired() {
+                    // As above: the name's entry is another node's now.
+                    drop(guard);
+                    return self.open_retired(&inode, flags, first_estale, make_backing);
+                }
                 if guard.is_none() {
                     let (state, _) = self.load_state(&inode, &path, &mut st, Look::Source);
                     *guard = Some(Box::new(state));
