@@ -105,12 +105,16 @@ impl CachingFs {
                 Stats::add(&self.stats.cache.stale_invalidations, 1);
             }
             Ok(Some(Err(crate::cache::record::RecordError::DataChanged)))
-                if crate::cache::store::read_record_unchecked(&files.meta)
-                    .is_ok_and(|r| matches!(r, Some(Ok(r)) if r.present_count() == 0)) =>
+                if crate::cache::store::read_record_unchecked(&files.meta).is_ok_and(|r| {
+                    matches!(r, Some(Ok(r))
+                        if r.present_count() == 0 || !r.identity.same_version(&identity))
+                }) =>
             {
-                // A record that claims nothing: its data file is being fetched into by
-                // another open of an older or newer version, not damaged.
-                tracing::debug!(?path, "empty cache record of a changed data file");
+                // A record that claims nothing, or one of another version than this file's
+                // (a file replaced behind the mount, whose old node still fetches into the
+                // entry's data file until this load gives the entry a new one): the data
+                // file is being fetched into, not damaged, and the record is stale anyway.
+                tracing::debug!(?path, "cache record of a data file being filled");
                 Stats::add(&self.stats.cache.stale_invalidations, 1);
             }
             Ok(Some(Err(e))) => {
