@@ -86,14 +86,21 @@ struct Checked {
 }
 
 /// The two versions a torn block (`got`, index `b` of file `f`) is made of, if it is one:
-/// a prefix of one version's block `b`, the rest of another's.
+/// every byte is one version's block `b` byte or another's (a read and a write copying the
+/// same page at once can interleave more than once), the first bytes the first's.
 fn torn_of(f: usize, got: &[u8], b: usize, max_v: u64) -> Option<(u64, u64)> {
     let same = |a: &[u8], w: &[u8]| a.iter().zip(w).take_while(|(x, y)| x == y).count();
     let recent = || (0..=max_v).rev().take(64);
     recent().find_map(|a| {
-        let k = same(got, &block(f, a, b));
+        let first = block(f, a, b);
+        let k = same(got, &first);
         (k > 0)
-            .then(|| recent().find(|&w| w != a && got[k..] == block(f, w, b)[k..]))
+            .then(|| {
+                recent().find(|&w| {
+                    let other = block(f, w, b);
+                    w != a && (k..got.len()).all(|i| got[i] == first[i] || got[i] == other[i])
+                })
+            })
             .flatten()
             .map(|w| (a, w))
     })
@@ -710,6 +717,10 @@ fn a_wrong_block_is_described_and_a_torn_one_told_apart() {
         (6, 1),
         "a torn block is its older half's"
     );
+    // Interleaved more than once, as concurrent copies of one page can be.
+    torn[3000..3500].copy_from_slice(&block(2, 7, 5)[3000..3500]);
+    let c = with_block_5(&torn).unwrap();
+    assert_eq!((c.oldest, c.torn), (6, 1));
     let mut garbled = block(2, 7, 5);
     garbled[100..].fill(0xAB);
     assert!(
