@@ -462,28 +462,31 @@ impl CachingFs {
     /// which would look the same, cannot keep the old bytes trusted (a racy identity
     /// matches no stat: the next open compares the bytes, `racy_record_still_holds`).
     fn recorded_identity(&self, st: &Stat) -> SourceIdentity {
-        self.identity_racy_within(st, self.timestamp_granularity, SystemTime::now())
+        self.identity_racy_within(st, self.timestamp_granularity)
     }
 
-    /// The identity to record for a version `st` whose bytes are read from the source
-    /// from `read_from` on (a fetch about to begin, a comparison): racy also while a
-    /// write that made this version may still be copying its bytes (`WRITE_IN_FLIGHT`).
-    /// An object's ETag names its bytes exactly, and a GET never returns half of a PUT.
-    fn fetched_identity(&self, st: &Stat, read_from: SystemTime) -> SourceIdentity {
+    /// The identity to record for a version `st` whose bytes are about to be read from the
+    /// source (a fetch, a comparison; taken before the reads): racy also while a write
+    /// that made this version may still be copying its bytes (`WRITE_IN_FLIGHT`). An
+    /// object's ETag names its bytes exactly, and a GET never returns half of a PUT.
+    fn fetched_identity(&self, st: &Stat) -> SourceIdentity {
         let window = if self.caps().exact_versions {
             self.timestamp_granularity
         } else {
             self.timestamp_granularity + WRITE_IN_FLIGHT
         };
-        self.identity_racy_within(st, window, read_from)
+        self.identity_racy_within(st, window)
     }
 
-    fn identity_racy_within(&self, st: &Stat, window: Duration, now: SystemTime) -> SourceIdentity {
+    /// `st`'s identity, racy if taken now, less than `window` after the file's last change.
+    fn identity_racy_within(&self, st: &Stat, window: Duration) -> SourceIdentity {
         let id = self.identity(st);
         if window.is_zero() {
             return id;
         }
-        let now = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         id.checked_at((now.as_secs() as i64, now.subsec_nanos()), window)
     }
 
@@ -500,12 +503,12 @@ impl CachingFs {
         st: &Stat,
     ) -> bool {
         let now = self.identity(st);
-        // Stamped as of before the comparison's reads: they may race a write as a fetch can.
-        let stamp = self.fetched_identity(st, SystemTime::now());
         // The comparison reads the source through a descriptor.
         if !rec.identity.racy || !rec.identity.same_version(&now) || !self.caps().descriptors {
             return false;
         }
+        // Stamped as of before the comparison's reads: they may race a write as a fetch can.
+        let stamp = self.fetched_identity(st);
         let Ok(src) = self.source.open_file(path, libc::O_RDONLY) else {
             return false;
         };

@@ -89,21 +89,23 @@ struct Checked {
 /// every byte is one version's block `b` byte or another's (a read and a write copying the
 /// same page at once can interleave more than once), the first bytes the first's.
 fn torn_of(f: usize, got: &[u8], b: usize, max_v: u64) -> Option<(u64, u64)> {
-    let same = |a: &[u8], w: &[u8]| a.iter().zip(w).take_while(|(x, y)| x == y).count();
-    let recent = || (0..=max_v).rev().take(64);
-    recent().find_map(|a| {
-        let first = block(f, a, b);
-        let k = same(got, &first);
-        (k > 0)
-            .then(|| {
-                recent().find(|&w| {
-                    let other = block(f, w, b);
-                    w != a && (k..got.len()).all(|i| got[i] == first[i] || got[i] == other[i])
-                })
-            })
-            .flatten()
-            .map(|w| (a, w))
-    })
+    let recent: Vec<(u64, Vec<u8>)> = (0..=max_v)
+        .rev()
+        .take(64)
+        .map(|v| (v, block(f, v, b)))
+        .collect();
+    for (a, first) in &recent {
+        let k = got.iter().zip(first).take_while(|(x, y)| x == y).count();
+        if k == 0 {
+            continue;
+        }
+        for (w, other) in &recent {
+            if w != a && (k..got.len()).all(|i| got[i] == first[i] || got[i] == other[i]) {
+                return Some((*a, *w));
+            }
+        }
+    }
+    None
 }
 
 /// What `data` holds: the oldest version any block comes from and how many blocks are

@@ -405,11 +405,11 @@ impl CachingFs {
                 }
                 // A lease vouches for its version for its length, racy or not: the
                 // bytes of a racy one are compared when an open looks again.
-                let leased_version =
-                    leased.is_some() && state.record().identity.same_version(&self.identity(&st));
+                let id = self.identity(&st);
+                let leased_version = leased.is_some() && state.record().identity.same_version(&id);
                 if self.stale_check()
                     && !state.written()
-                    && state.record().identity != self.identity(&st)
+                    && state.record().identity != id
                     && !leased_version
                     && !self.settle_racy(&path, state, &st)
                 {

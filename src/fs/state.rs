@@ -5,7 +5,6 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use super::{CachingFs, FileState, Inode};
 use crate::cache::store::read_record;
@@ -139,7 +138,7 @@ impl CachingFs {
             // record dirty durably, `mark_written`).
             state.reset_as(
                 &self.env(),
-                self.fetched_identity(st, SystemTime::now()),
+                self.fetched_identity(st),
                 had_record,
                 Some(path),
             );
@@ -159,12 +158,7 @@ impl CachingFs {
     /// Empties the cache of a file for a new source version. The record is rewritten
     /// first (durably), so no crash can pair old bytes with the new version.
     pub(super) fn reset(&self, state: &mut FileState, st: &Stat, path: Option<&Path>) {
-        state.reset_as(
-            &self.env(),
-            self.fetched_identity(st, SystemTime::now()),
-            true,
-            path,
-        );
+        state.reset_as(&self.env(), self.fetched_identity(st), true, path);
     }
 
     /// The name of `inode` if it still leads to the inode's own source file: its cache entry
@@ -203,10 +197,7 @@ impl CachingFs {
             return false;
         }
         let path = self.own_path(inode);
-        let new_version = CacheRecord::empty(
-            self.fetched_identity(st, SystemTime::now()),
-            self.cfg.chunk_size,
-        );
+        let new_version = CacheRecord::empty(self.fetched_identity(st), self.cfg.chunk_size);
         let new_entry = path.as_deref().map(|p| (p, &new_version));
         if let Err(e) = state.keep_apart(&self.env(), new_entry) {
             tracing::warn!("cannot keep an old version apart: {e}");
