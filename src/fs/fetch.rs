@@ -313,17 +313,27 @@ impl CachingFs {
     /// A read with no descriptor to read through: none could be opened for the cached
     /// version (the file's identity kept moving while it was rewritten behind the mount,
     /// `open_fetch_reader`). The file itself is read, uncached, as a reader of a local
-    /// file being written would see it; never another file that took its name.
+    /// file being written would see it: through the open's `O_PATH` descriptor of it,
+    /// whatever name leads to it now (by name, a file renamed over since had no way left
+    /// to be read: `EIO`); never another file that took its name.
     fn read_own_file(&self, h: &Handle, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
         let eio = || std::io::Error::from_raw_os_error(libc::EIO);
-        let path = h.inode.path().filter(|_| self.caps().descriptors);
-        let f = self
-            .source
-            .open_file(&path.ok_or_else(eio)?, libc::O_RDONLY)?;
-        let st = self.source.fstat(f.as_fd())?;
-        if self.stable_ino && !h.inode.is_same_file(&st) {
+        if !self.caps().descriptors {
             return Err(eio());
         }
+        let path_fd = (h.inode.file().as_ref()).and_then(|s| s.path_fd.clone());
+        let f = match path_fd {
+            Some(fd) => self.source.reopen(fd.as_fd(), libc::O_RDONLY)?,
+            None => {
+                let f =
+                    (self.source).open_file(&h.inode.path().ok_or_else(eio)?, libc::O_RDONLY)?;
+                let st = self.source.fstat(f.as_fd())?;
+                if self.stable_ino && !h.inode.is_same_file(&st) {
+                    return Err(eio());
+                }
+                f
+            }
+        };
         self.source.with_fd(f.as_fd(), move |f| {
             let mut buf = vec![0u8; size as usize];
             let n = read_full(f, &mut buf, offset)?;

@@ -111,6 +111,27 @@ impl GuardedSource {
         self.call(move |t| t.openat(&rel, flags, mode))
     }
 
+    /// The file an `O_PATH` descriptor names, opened anew with `flags` through its
+    /// `/proc/self/fd` link: exactly that file, whatever name leads to it now.
+    pub fn reopen(
+        self: &Arc<Self>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        flags: i32,
+    ) -> io::Result<SourceFile> {
+        let f = self.with_fd(fd, move |f| {
+            use std::os::fd::AsRawFd;
+            let own = format!("/proc/self/fd/{}", f.as_raw_fd());
+            let flags =
+                rustix::fs::OFlags::from_bits_retain(flags as u32) | rustix::fs::OFlags::CLOEXEC;
+            Ok(std::fs::File::from(rustix::fs::open(
+                own,
+                flags,
+                rustix::fs::Mode::empty(),
+            )?))
+        })?;
+        Ok(SourceFile::new(self.clone(), f))
+    }
+
     /// An `O_PATH` descriptor of the file at `rel` and its attributes, in one guarded call:
     /// an open's look at the source, one hand-off to a source worker instead of two.
     pub fn open_path_and_stat(&self, rel: &Path) -> io::Result<(std::os::fd::OwnedFd, Stat)> {
