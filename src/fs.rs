@@ -494,10 +494,16 @@ impl CachingFs {
     /// bytes it holds are the source's, compared chunk by chunk (git's answer to a racily
     /// clean entry). If so the record is settled (stamped anew; racy again only while the
     /// granularity has not passed) and keeps serving; if not, or if the source cannot be
-    /// read, the caller treats the file as changed.
+    /// read, the caller treats the file as changed. The bytes compared are those of the
+    /// file `own` names (an `O_PATH` descriptor of the file `st` describes), whatever name
+    /// leads to it now: the name may lead to another file by now (renamed over), whose
+    /// bytes say nothing of this one's, and taking them for a change reset a state whose
+    /// daemon handles then had no way left to read their version (`EIO`). Without `own`,
+    /// the file at `path`, which must still be that version.
     fn racy_record_still_holds(
         &self,
         path: &Path,
+        own: Option<std::os::fd::BorrowedFd<'_>>,
         files: &crate::cache::store::CacheFiles,
         rec: &mut CacheRecord,
         st: &Stat,
@@ -509,7 +515,11 @@ impl CachingFs {
         }
         // Stamped as of before the comparison's reads: they may race a write as a fetch can.
         let stamp = self.fetched_identity(st);
-        let Ok(src) = self.source.open_file(path, libc::O_RDONLY) else {
+        let opened = match own {
+            Some(fd) => self.source.reopen(fd, libc::O_RDONLY),
+            None => self.source.open_file(path, libc::O_RDONLY),
+        };
+        let Ok(src) = opened else {
             return false;
         };
         let same = (0..rec.nchunks()).filter(|c| rec.is_present(*c)).all(|c| {
@@ -526,10 +536,17 @@ impl CachingFs {
             use std::os::unix::fs::FileExt;
             a_ok.is_some_and(|a| files.data.read_exact_at(&mut b, off).is_ok() && a == b)
         });
-        // Read as the version the record names, nothing written meanwhile.
-        let after = self.source.fstat(src.as_fd()).map(|a| self.identity(&a));
+        // Read as the version the record names, nothing written meanwhile. Renamed over
+        // or unlinked meanwhile moves only the ctime: its bytes are still the version's
+        // (taking that for a change reset the cache of a file that had not changed).
+        let after = self.source.fstat(src.as_fd());
         drop(src); // closed through the guard
-        if !same || !after.is_ok_and(|a| a.same_version(&now)) {
+        let unchanged = after.is_ok_and(|a| {
+            let id = self.identity(&a);
+            id.same_version(&now)
+                || (a.nlink == 0 && (id.ino, id.size, id.mtime) == (now.ino, now.size, now.mtime))
+        });
+        if !same || !unchanged {
             return false;
         }
         rec.identity = stamp;
@@ -542,7 +559,8 @@ impl CachingFs {
             return false;
         };
         let mut rec = state.record().clone();
-        if !self.racy_record_still_holds(path, files, &mut rec, st) {
+        let own = state.path_fd.as_deref().map(AsFd::as_fd);
+        if !self.racy_record_still_holds(path, own, files, &mut rec, st) {
             return false;
         }
         state.own_version(rec.identity);

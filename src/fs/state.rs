@@ -90,7 +90,7 @@ impl CachingFs {
                     && (rec.identity == identity
                         || (look == Look::Leased && rec.identity.same_version(&identity))
                         || !self.stale_check()
-                        || self.racy_record_still_holds(path, &files, &mut rec, st));
+                        || self.racy_record_still_holds(path, None, &files, &mut rec, st));
                 if matches {
                     valid = Some(rec);
                 } else {
