@@ -688,10 +688,11 @@ impl FileState {
 }
 
 /// Makes `files` hold the empty record `rec` and a data file of its size with nothing
-/// in it: a new data file at `path` if the old one holds bytes (or with `replace`).
-/// Returns whether the data file was replaced. Crash rules: the empty record is written (durably with `durable`)
-/// before anything happens to the data, and the new data file is vouched for only by a
-/// record written after it is in place.
+/// in it: a new data file at `path` if the old one holds bytes or had a record (or with
+/// `replace`). Returns whether the data file was replaced. `durable`: the entry had a
+/// record (a first one need not be durable). Crash rules: the empty record is written
+/// (durably with `durable`) before anything happens to the data, and the new data file is
+/// vouched for only by a record written after it is in place.
 pub(super) fn fresh_data(
     env: &Env,
     files: &mut CacheFiles,
@@ -702,7 +703,11 @@ pub(super) fn fresh_data(
 ) -> io::Result<bool> {
     let len = write_record(files, rec, durable)?.size;
     let size = rec.identity.size;
-    let held = replace || len > 0;
+    // Only a new entry's data file is nobody's. One a record named may be held by an old
+    // node's state even when empty (an empty version of a file replaced behind the mount,
+    // still open): resized in place, it changed under that state, which took it for a
+    // change behind hoardfs's back.
+    let held = replace || len > 0 || durable;
     match path {
         // A new or empty entry of an empty file (every file created through the mount):
         // nothing to cut or size.
