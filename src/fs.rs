@@ -470,12 +470,17 @@ impl CachingFs {
     /// that made this version may still be copying its bytes (`WRITE_IN_FLIGHT`). An
     /// object's ETag names its bytes exactly, and a GET never returns half of a PUT.
     fn fetched_identity(&self, st: &Stat) -> SourceIdentity {
-        let window = if self.caps().exact_versions {
+        self.identity_racy_within(st, self.racy_window())
+    }
+
+    /// How long after a file's last change a version read from the source is racy
+    /// (`fetched_identity`).
+    fn racy_window(&self) -> Duration {
+        if self.caps().exact_versions {
             self.timestamp_granularity
         } else {
             self.timestamp_granularity + WRITE_IN_FLIGHT
-        };
-        self.identity_racy_within(st, window)
+        }
     }
 
     /// `st`'s identity, racy if taken now, less than `window` after the file's last change.

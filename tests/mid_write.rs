@@ -5,9 +5,6 @@
 //! Such bytes may be served while the write is under way, as a native read would return
 //! them; they must not outlive it.
 //!
-//! Not covered: `--kernel-opens`, where the kernel's page cache keeps what the read
-//! during the write returned (README, "Kernel opens").
-//!
 //! The write is stopped deterministically: its buffer's second half is registered with
 //! `userfaultfd`, so the kernel's copy from it blocks at the first page of that half until
 //! the test supplies the page.
@@ -214,5 +211,23 @@ fn a_read_during_a_stalled_write_does_not_outlive_it_in_a_whole_small_file() {
     a_read_during_a_stalled_write_does_not_outlive_it(
         &["--watch", "off", "--whole-file-threshold", "4M"],
         Duration::ZERO,
+    );
+}
+
+#[test]
+fn a_read_during_a_stalled_write_does_not_outlive_it_with_kernel_opens_without_a_watcher() {
+    a_read_during_a_stalled_write_does_not_outlive_it(
+        // Attributes never kept: the read during the write asks for them, finds the new
+        // mtime and drops the pages of the old version (with a TTL, only sometimes).
+        &["--kernel-opens", "--watch", "off", "--attr-ttl", "0"],
+        Duration::from_millis(1500),
+    );
+}
+
+#[test]
+fn a_read_during_a_stalled_write_does_not_outlive_it_with_kernel_opens_on_a_watched_source() {
+    a_read_during_a_stalled_write_does_not_outlive_it(
+        &["--kernel-opens"],
+        Duration::from_millis(1500),
     );
 }

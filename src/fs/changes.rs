@@ -284,6 +284,9 @@ impl CachingFs {
     }
 }
 
+/// How often the pages of files served while racy are looked at (`drop_racy_pages`).
+const RACY_PAGES_EVERY: Duration = Duration::from_millis(100);
+
 /// How long the coherence threads wait before they look at their stop signal again.
 const STOP_POLL: Duration = Duration::from_millis(50);
 
@@ -298,6 +301,15 @@ pub fn spawn_coherence_threads(fs: &Arc<CachingFs>) -> std::io::Result<Threads> 
             fs.relist_changed();
         }
     })?;
+    if fs.kernel_opens() {
+        let weak: Weak<CachingFs> = Arc::downgrade(fs);
+        threads.spawn("racy-pages", move |stop| {
+            while stop.sleep(RACY_PAGES_EVERY) {
+                let Some(fs) = weak.upgrade() else { return };
+                fs.drop_racy_pages();
+            }
+        })?;
+    }
     if fs.coherence.watcher.is_some() {
         let weak: Weak<CachingFs> = Arc::downgrade(fs);
         threads.spawn("watcher", move |stop| {

@@ -24,10 +24,12 @@ use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use fuser::{BackingId, Errno};
 
 use super::{CachingFs, DirList, Inode, Listing, Result};
+use crate::coherence::Notice;
 
 /// Listings kept for directories the kernel reads in several requests.
 const LISTINGS_KEPT: usize = 64;
@@ -40,6 +42,13 @@ pub(super) struct KernelOpens {
     /// Listings begun lately (offset 0), newest first, by number.
     listings: Mutex<VecDeque<(u64, Arc<DirList>)>>,
     next_listing: AtomicU64,
+    /// Nodes served while their version was racy (`CachingFs::fetched_identity`: a write
+    /// may still have been copying its bytes), and when that window ends. No open comes
+    /// to compare them then, and the kernel would keep what those reads got for good (the
+    /// write moved the mtime before its bytes, so no attribute the kernel sees changes
+    /// afterwards): once the window has passed, their pages are dropped, and the next
+    /// read's open compares the cached bytes with the source's (`drop_racy_pages`).
+    racy: Mutex<HashMap<u64, Instant>>,
 }
 
 /// Handles opened for one request pass no file to the kernel.
@@ -100,11 +109,39 @@ impl CachingFs {
         let r = op(opened.fh);
         if let Ok(inode) = self.inode(id) {
             inode.served_kernel_open();
+            let racy = inode
+                .file()
+                .as_ref()
+                .is_some_and(|s| s.record().identity.racy);
+            if racy {
+                let ends = Instant::now() + self.racy_window();
+                ko.racy.lock().unwrap().insert(id, ends);
+            }
         }
         if let Err(e) = self.release(opened.fh) {
             tracing::debug!(id, "release of a request's handle: {e:?}");
         }
         r
+    }
+
+    /// Drops the kernel's pages of the nodes served while racy whose window has passed
+    /// (`KernelOpens::racy`); the coherence threads call it a few times a second.
+    pub fn drop_racy_pages(&self) {
+        let Some(ko) = &self.kernel_opens else {
+            return;
+        };
+        let now = Instant::now();
+        let mut due = Vec::new();
+        ko.racy.lock().unwrap().retain(|&id, ends| {
+            let passed = *ends <= now;
+            if passed {
+                due.push(id);
+            }
+            !passed
+        });
+        for id in due {
+            self.coherence.notify(Notice::Inode(id));
+        }
     }
 
     /// Before the mount removes a name of `inode` (unlink, rename over it): if the kernel
