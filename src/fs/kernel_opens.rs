@@ -131,14 +131,10 @@ impl CachingFs {
             return;
         };
         let now = Instant::now();
-        let mut due = Vec::new();
-        ko.racy.lock().unwrap().retain(|&id, ends| {
-            let passed = *ends <= now;
-            if passed {
-                due.push(id);
-            }
-            !passed
-        });
+        let due: Vec<u64> = (ko.racy.lock().unwrap())
+            .extract_if(|_, ends| *ends <= now)
+            .map(|(id, _)| id)
+            .collect();
         for id in due {
             self.coherence.notify(Notice::Inode(id));
         }
