@@ -3,7 +3,6 @@
 
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use fuser::Errno;
@@ -33,10 +32,7 @@ impl CachingFs {
         // Fetches in flight read the source before this write: none may land after it.
         state.fetch.invalidate();
         state.mark_write(&self.env(), offset, data.len() as u64);
-        let owned = data.to_vec();
-        let written = self
-            .source
-            .with_fd(src.as_fd(), move |f| f.write_all_at(&owned, offset));
+        let written = self.source.write_all_at(src.as_fd(), data, offset);
         if let Err(e) = written {
             // Part of the range may have reached the source: forget what we knew of it.
             state.drop_cached();

@@ -276,24 +276,56 @@ impl GuardedSource {
         fd: std::os::fd::BorrowedFd<'_>,
         f: impl FnOnce(&std::fs::File) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
-        if !self.health.online() {
-            // Refused before the descriptor is duplicated: closing a duplicate may wait
-            // for the source too.
-            self.health.offline_requests.fetch_add(1, Relaxed);
-            return Err(io::Error::from_raw_os_error(OFFLINE));
-        }
+        self.refuse_offline()?;
         if self.health.timeout().is_none() {
-            let file = std::mem::ManuallyDrop::new(unsafe {
-                use std::os::fd::{AsRawFd, FromRawFd};
-                std::fs::File::from_raw_fd(fd.as_raw_fd())
-            });
-            let r = f(&file);
-            if let Err(e) = &r {
-                self.failed(e);
-            }
-            return r;
+            return self.inline_on(fd, f);
         }
         let file = crate::source::dup_file(fd)?;
         self.call(move |_| f(&file))
+    }
+
+    /// Writes all of `data` at `offset` of a source descriptor. Inline (no timeout) it
+    /// writes from the caller's buffer; a call on a worker writes from a copy, which
+    /// must outlive a caller that stopped waiting for it.
+    pub fn write_all_at(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        data: &[u8],
+        offset: u64,
+    ) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.refuse_offline()?;
+        if self.health.timeout().is_none() {
+            return self.inline_on(fd, |f| f.write_all_at(data, offset));
+        }
+        let owned = data.to_vec();
+        self.with_fd(fd, move |f| f.write_all_at(&owned, offset))
+    }
+
+    /// Refuses a call on a descriptor while offline, before the descriptor is duplicated:
+    /// closing a duplicate may wait for the source too.
+    fn refuse_offline(&self) -> io::Result<()> {
+        if self.health.online() {
+            return Ok(());
+        }
+        self.health.offline_requests.fetch_add(1, Relaxed);
+        Err(io::Error::from_raw_os_error(OFFLINE))
+    }
+
+    /// Runs `f` on the descriptor in this thread (source calls without a timeout).
+    fn inline_on<T>(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        f: impl FnOnce(&std::fs::File) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let file = std::mem::ManuallyDrop::new(unsafe {
+            use std::os::fd::{AsRawFd, FromRawFd};
+            std::fs::File::from_raw_fd(fd.as_raw_fd())
+        });
+        let r = f(&file);
+        if let Err(e) = &r {
+            self.failed(e);
+        }
+        r
     }
 }
