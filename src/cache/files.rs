@@ -165,7 +165,9 @@ pub fn write_record_unless_same(files: &CacheFiles, rec: &CacheRecord) -> io::Re
 
 /// Whether the first page of `file` is in memory, so that a read of it would not wait for
 /// the disk: a one-byte `preadv2` with `RWF_NOWAIT`, which fails (`EAGAIN`) rather than
-/// wait. An empty file counts as in memory; a file system that cannot tell, as not.
+/// wait. An empty file counts as in memory; a file system that cannot tell, as not. A miss
+/// starts the file's read-ahead (as any read that misses does), which is what its callers
+/// want next anyway.
 pub fn first_page_resident(file: impl std::os::fd::AsFd) -> bool {
     let mut byte = [0u8; 1];
     let mut bufs = [std::io::IoSliceMut::new(&mut byte)];
