@@ -7,8 +7,9 @@
 # each hoardfs binary given (a fresh mount with a fresh cache each time). Each system runs
 # Postmark (2,000 files of 512 B-10 KB, 5,000 transactions, seed 42), then an untar of
 # TARBALL into it and an `rm -rf` of what was unpacked; the page cache is dropped before
-# each. Native times include a `sync -f` (the mounts write through to the source before
-# each request returns). Prints one line per run and the medians; for hoardfs also the
+# each; then a sequential write of 1 GiB in 1 MiB writes (`dd ... conv=fsync`, so durable on
+# the source for every system). Native times include a `sync -f` (the mounts write through
+# to the source before each request returns). Prints one line per run and the medians; for hoardfs also the
 # daemon's CPU seconds. Works in $HOARDFS_WRITES_DIR (default /var/tmp/hoardfs-writes),
 # which must be on the file system to measure; removes it at the end.
 set -euo pipefail
@@ -50,6 +51,10 @@ for r in $(seq "$ROUNDS"); do
     finish "$sys"
     echo "$name untar $(elapsed "$s" "$e") cpu $CPU" | tee -a "$results"
     echo "$name rm-rf $(elapsed "$s2" "$e2") cpu -" | tee -a "$results"
+    fresh "$sys"
+    drop; s=$(now); dd if=/dev/zero of="$LOC/big" bs=1M count=1024 conv=fsync status=none; e=$(now)
+    finish "$sys"
+    echo "$name seq-1g $(elapsed "$s" "$e") cpu $CPU" | tee -a "$results"
   done
 done
 echo "medians (seconds; ratio to native in brackets):"
@@ -60,7 +65,7 @@ for line in open(sys.argv[1]):
     name, row, t, _, _ = line.split()
     runs[(row, name)].append(float(t))
 med = lambda v: sorted(v)[len(v) // 2]
-for row in ("postmark", "untar", "rm-rf"):
+for row in ("postmark", "untar", "rm-rf", "seq-1g"):
     base = med(runs[(row, "native")])
     cells = [f"{n} {med(v):.2f} ({med(v) / base:.1f}x)" for (r, n), v in runs.items() if r == row]
     print(f"  {row:9s} " + ", ".join(cells))
