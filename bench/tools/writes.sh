@@ -7,10 +7,10 @@
 # each hoardfs binary given (a fresh mount with a fresh cache each time). Each system runs
 # Postmark (2,000 files of 512 B-10 KB, 5,000 transactions, seed 42), then an untar of
 # TARBALL into it and an `rm -rf` of what was unpacked; the page cache is dropped before
-# each; then a sequential write of 1 GiB in 1 MiB writes (`dd ... conv=fsync`, so durable on
-# the source for every system). Native times include a `sync -f` (the mounts write through
-# to the source before each request returns). Prints one line per run and the medians; for hoardfs also the
-# daemon's CPU seconds. Works in $HOARDFS_WRITES_DIR (default /var/tmp/hoardfs-writes),
+# each; then a sequential write of 1 GiB in 1 MiB writes (`dd ... conv=fsync`, so durable
+# on the source for every system). Native times include a `sync -f` (the mounts write
+# through to the source before each request returns). Prints one line per run and the
+# medians; for hoardfs also the daemon's CPU seconds. Works in $HOARDFS_WRITES_DIR (default /var/tmp/hoardfs-writes),
 # which must be on the file system to measure; removes it at the end.
 set -euo pipefail
 ROUNDS=$1; TAR=$2; shift 2

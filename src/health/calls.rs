@@ -294,12 +294,12 @@ impl GuardedSource {
         offset: u64,
     ) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
-        self.refuse_offline()?;
-        if self.health.timeout().is_none() {
-            return self.inline_on(fd, |f| f.write_all_at(data, offset));
+        if self.health.timeout().is_some() {
+            let owned = data.to_vec();
+            return self.with_fd(fd, move |f| f.write_all_at(&owned, offset));
         }
-        let owned = data.to_vec();
-        self.with_fd(fd, move |f| f.write_all_at(&owned, offset))
+        self.refuse_offline()?;
+        self.inline_on(fd, |f| f.write_all_at(data, offset))
     }
 
     /// Refuses a call on a descriptor while offline, before the descriptor is duplicated:
