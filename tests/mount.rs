@@ -542,7 +542,11 @@ fn source_changes_are_seen_on_open() {
     let after = fs::metadata(t.s("f")).unwrap();
     assert_eq!(before.len(), after.len());
     assert_eq!(fs::read(t.m("f")).unwrap(), b"VERSION two, longer");
-    assert!(t.stats().cache.stale_invalidations >= 2);
+    // Each change emptied the cache, or, when the previous read's handle was still open
+    // (its RELEASE comes after close(2) returns), left that handle its version and moved
+    // the name to a new node.
+    let c = t.stats().cache;
+    assert!(c.stale_invalidations + c.versions_kept >= 2, "{c:?}");
 
     // Changed while unmounted.
     t.unmount();
