@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, UNWATCHED_TTL, WATCHED_TTL, WatchMode};
+use crate::descriptors::{DescriptorSlot, HeldDescriptors, share_of_limit};
 use crate::kernel_notify::AttrDropper;
 
 mod watcher;
@@ -153,6 +154,10 @@ pub struct Tunables {
 
 const AUTO: u64 = u64::MAX;
 
+/// Held listings keep a directory descriptor each, within this share (1/N) of the
+/// open-files limit; files' callbacks have a quarter (`watcher::max_file_watches`).
+const LISTING_FDS_SHARE: usize = 8;
+
 fn ms(d: Option<Duration>) -> u64 {
     d.map_or(AUTO, |d| d.as_millis().min(AUTO as u128 - 1) as u64)
 }
@@ -223,6 +228,8 @@ pub struct Coherence {
     notify: Box<dyn Fn(Notice) + Send + Sync>,
     /// Set once the mount exists (`set_attr_dropper`); none in-process.
     attr_dropper: OnceLock<AttrDropper>,
+    /// Held listings' directory descriptors: at most an eighth of the open-files limit.
+    listing_fds: Arc<HeldDescriptors>,
 }
 
 impl Coherence {
@@ -250,6 +257,7 @@ impl Coherence {
             leases: Leases::default(),
             notify: Box::new(|_| {}),
             attr_dropper: OnceLock::new(),
+            listing_fds: HeldDescriptors::new(share_of_limit(LISTING_FDS_SHARE)),
         }
     }
 
@@ -373,20 +381,27 @@ impl Coherence {
 
     /// A directory's listing `entries`, read after `mark` (`callback_mark` of the
     /// directory itself: its own watch reports the changes of its names); `at`: just
-    /// before the read.
+    /// before the read. `None` when its descriptor `fd` would take more than the
+    /// listings' share of the open-files limit (`crate::descriptors`): that directory's
+    /// next opendir reads the source again.
     pub fn listing_callback(
         &self,
         mark: CallbackMark,
         entries: Arc<[crate::source::DirEntry]>,
         fd: Option<Arc<OwnedFd>>,
         at: Instant,
-    ) -> ListingCallback {
-        ListingCallback {
+    ) -> Option<ListingCallback> {
+        let slot = match &fd {
+            Some(_) => Some(Arc::new(self.listing_fds.take()?)),
+            None => None,
+        };
+        Some(ListingCallback {
             entries,
             fd,
             mark,
             at,
-        }
+            _slot: slot,
+        })
     }
 
     /// Whether directory `dir`'s held listing `cb` still stands for the source now: its
@@ -510,6 +525,8 @@ pub struct ListingCallback {
     pub fd: Option<Arc<OwnedFd>>,
     mark: CallbackMark,
     at: Instant,
+    /// `fd`'s place in the listings' descriptor budget, shared by the clones.
+    _slot: Option<Arc<DescriptorSlot>>,
 }
 
 /// A look at a file where nothing reports changes (a network, FUSE or object-store

@@ -7,6 +7,7 @@ pub mod coherence;
 pub mod config;
 pub mod config_file;
 pub mod control;
+pub mod descriptors;
 pub mod fetch;
 pub mod fetch_pool;
 pub mod fs;

@@ -31,9 +31,7 @@ struct WatchMaps {
 const MAX_FILE_WATCHES: usize = 65_536;
 
 fn max_file_watches() -> usize {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-    let quarter = limit.map_or(usize::MAX, |n| usize::try_from(n / 4).unwrap_or(usize::MAX));
-    MAX_FILE_WATCHES.min(quarter)
+    MAX_FILE_WATCHES.min(crate::descriptors::share_of_limit(4))
 }
 
 /// inotify watches on the source's directories, keyed by the directory's node id.

@@ -30,12 +30,22 @@ const GATHER: Duration = Duration::from_millis(50);
 /// A batch this large is committed at once.
 const BATCH: usize = 256;
 /// Beyond this many queued files a close checkpoints synchronously (each queued file keeps
-/// its state, and so its descriptors, loaded).
+/// its state, and so its descriptors, loaded)...
 const MAX_QUEUED: usize = 1024;
+/// ...and beyond this share (1/N) of the open-files limit: a queued state holds up to four
+/// descriptors (data file, record, the fetch's and the source's `O_PATH`), so an eighth of
+/// the limit at most (`crate::descriptors`).
+const QUEUED_FDS_SHARE: usize = 32;
 
-#[derive(Default)]
+/// How many files may wait for the group commit at once.
+fn max_queued() -> usize {
+    MAX_QUEUED.min(crate::descriptors::share_of_limit(QUEUED_FDS_SHARE))
+}
+
 pub(super) struct GroupCommit {
     queue: Mutex<Queue>,
+    /// `max_queued` when the file system was made.
+    max_queued: usize,
     wake: Condvar,
     /// Set while the committing thread runs: without it, closes checkpoint themselves (an
     /// in-process core, or after unmount).
@@ -53,6 +63,19 @@ struct Queue {
     stop: bool,
 }
 
+impl Default for GroupCommit {
+    fn default() -> GroupCommit {
+        GroupCommit {
+            queue: Mutex::default(),
+            max_queued: max_queued(),
+            wake: Condvar::new(),
+            running: AtomicBool::new(false),
+            batch: Mutex::default(),
+            thread: Mutex::default(),
+        }
+    }
+}
+
 impl GroupCommit {
     /// Queues inode `id` (its state loaded, with `FileState::defer_checkpoint` to follow).
     /// False if the caller must checkpoint itself.
@@ -67,7 +90,7 @@ impl GroupCommit {
         if q.queued.contains(&id) {
             return true;
         }
-        if q.ids.len() >= MAX_QUEUED {
+        if q.ids.len() >= self.max_queued {
             return false;
         }
         q.ids.push(id);

@@ -129,10 +129,11 @@ impl CachingFs {
         let at = Instant::now();
         let entries: Arc<[DirEntry]> = self.source.read_dir(path).map_err(errno)?.into();
         self.save_listing(path, &entries);
-        if let Some(mark) = mark {
-            let cb = self
+        if let Some(mark) = mark
+            && let Some(cb) = self
                 .coherence
-                .listing_callback(mark, entries.clone(), fd.clone(), at);
+                .listing_callback(mark, entries.clone(), fd.clone(), at)
+        {
             inode.grant_listing(cb, breaks);
         }
         Ok((entries, fd))

@@ -102,6 +102,9 @@ pub struct TestMount {
     pub extra_args: Vec<String>,
     /// Environment variables for the daemon (failpoints).
     pub env: Vec<(String, String)>,
+    /// The daemon's open-files limit, soft and hard alike (`RLIMIT_NOFILE`); the test's own
+    /// if `None`.
+    pub open_files_limit: Option<u64>,
     /// The daemon's stdout and stderr, every mount of this `TestMount` appended.
     pub log: PathBuf,
     child: Option<Child>,
@@ -308,6 +311,7 @@ impl TestMount {
             log,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
+            open_files_limit: None,
             child: None,
             notify: None,
             mounts: 0,
@@ -379,7 +383,24 @@ impl TestMount {
             self.mnt.display()
         )
         .unwrap();
-        let child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        if let Some(n) = self.open_files_limit {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: setrlimit is async-signal-safe, and `limit` is a plain copy.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .arg(&self.src)
             .arg(&self.mnt)
             .arg("--cache-dir")
