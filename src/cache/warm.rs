@@ -34,10 +34,42 @@ struct Queue {
     stop: bool,
 }
 
+/// Of a stream of cache entries looked at, which were found out of memory: the last
+/// `LEN` findings and when the last cold one was. One entry found out of memory says
+/// little (a pass over a cache in memory meets a few whose first page went, about one
+/// in a hundred here); a reader going through a cache on disk finds most of them so.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ColdFindings {
+    /// Bit i: the finding i looks back was cold.
+    history: u16,
+    last_cold: Option<Instant>,
+}
+
+impl ColdFindings {
+    /// Findings remembered.
+    pub const LEN: u32 = u16::BITS;
+    /// Cold ones among them that make a cold stream.
+    pub const MIN_COLD: u32 = 4;
+
+    /// One more finding: whether the entry was out of memory.
+    pub fn note(&mut self, cold: bool) {
+        self.history = self.history << 1 | u16::from(cold);
+        if cold {
+            self.last_cold = Some(Instant::now());
+        }
+    }
+
+    /// When the last cold entry was found, if enough of the recent ones were cold.
+    pub fn cold_since(&self) -> Option<Instant> {
+        self.last_cold
+            .filter(|_| self.history.count_ones() >= Self::MIN_COLD)
+    }
+}
+
 struct Shared {
     queue: Mutex<Queue>,
-    /// When an entry was last found with its data out of memory.
-    cold_at: Mutex<Option<Instant>>,
+    /// What the workers found: which entries had their data out of memory.
+    findings: Mutex<ColdFindings>,
     wake: Condvar,
     data: Arc<BeneathRoot>,
     meta: Arc<BeneathRoot>,
@@ -62,7 +94,7 @@ impl Warmer {
     pub fn start(data: Arc<BeneathRoot>, meta: Arc<BeneathRoot>) -> Warmer {
         let shared = Arc::new(Shared {
             queue: Mutex::default(),
-            cold_at: Mutex::default(),
+            findings: Mutex::default(),
             wake: Condvar::new(),
             data,
             meta,
@@ -104,10 +136,11 @@ impl Warmer {
 }
 
 impl Warmer {
-    /// When an entry was last found with its data out of memory (and read in): while
-    /// that is recent, the reader ahead is going through a cold cache.
+    /// When an entry was last found with its data out of memory (and read in), if
+    /// enough of the last ones were (`ColdFindings`): while that is recent, the reader
+    /// ahead is going through a cold cache.
     pub fn last_cold(&self) -> Option<Instant> {
-        *self.shared.as_ref()?.cold_at.lock().unwrap()
+        self.shared.as_ref()?.findings.lock().unwrap().cold_since()
     }
 }
 
@@ -145,9 +178,8 @@ fn work(shared: &Shared) {
                 q = shared.wake.wait(q).unwrap();
             }
         };
-        if warm_one(&shared.data, &shared.meta, &rel) {
-            *shared.cold_at.lock().unwrap() = Some(Instant::now());
-        }
+        let cold = warm_one(&shared.data, &shared.meta, &rel);
+        shared.findings.lock().unwrap().note(cold);
     }
 }
 
@@ -188,6 +220,25 @@ fn warm_one(data: &BeneathRoot, meta: &BeneathRoot, rel: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cold_stream_takes_enough_cold_findings_among_the_last() {
+        let mut f = ColdFindings::default();
+        assert!(f.cold_since().is_none());
+        for _ in 1..ColdFindings::MIN_COLD {
+            f.note(true);
+        }
+        assert!(f.cold_since().is_none(), "one short of the least");
+        f.note(true);
+        assert!(f.cold_since().is_some());
+        // Findings in memory push the cold ones out of the window.
+        for _ in 0..ColdFindings::LEN - ColdFindings::MIN_COLD {
+            f.note(false);
+        }
+        assert!(f.cold_since().is_some(), "still within the last LEN");
+        f.note(false);
+        assert!(f.cold_since().is_none());
+    }
 
     /// Warming reads and changes nothing: the files' bytes and times are as before, names
     /// that are not there or are not regular files are passed over, and a stopped warmer
