@@ -349,7 +349,7 @@ impl Coherence {
         &self,
         mark: CallbackMark,
         id: u64,
-        fd: &OwnedFd,
+        fd: &Arc<OwnedFd>,
         st: &crate::source::Stat,
     ) -> Option<Callback> {
         let w = self.watcher.as_ref()?;
@@ -357,7 +357,7 @@ impl Coherence {
             return None;
         }
         let file_wd = w.watch_file(id, fd.as_fd())?;
-        let fd = Arc::new(fd.try_clone().ok()?);
+        let fd = fd.clone();
         self.counters.callbacks_granted.fetch_add(1, Relaxed);
         Some(Callback {
             stat: *st,

@@ -270,7 +270,7 @@ impl CachingFs {
         let called_back = mark
             .and_then(|_| inode.callback())
             .filter(|cb| self.coherence.callback_holds(cb, id, dir))
-            .and_then(|cb| Some((cb.fd.try_clone().ok()?, cb.stat)));
+            .map(|cb| (cb.fd, cb.stat));
         let leased = lease_reader
             .then(|| inode.open_lease())
             .flatten()
@@ -283,7 +283,8 @@ impl CachingFs {
         } else if !self.caps().descriptors {
             self.source.stat(&path).map(|st| (None, st))
         } else {
-            let looked = self.source.open_path_and_stat(&path);
+            // One descriptor, shared by the callback and the state (`state.path_fd`).
+            let looked = (self.source.open_path_and_stat(&path)).map(|(fd, st)| (Arc::new(fd), st));
             if let (Some(mark), Ok((fd, st))) = (mark, &looked)
                 && inode.is_same_file(st)
                 && let Some(cb) = self.coherence.callback(mark, id, fd, st)
@@ -384,7 +385,7 @@ impl CachingFs {
                     Look::Source
                 };
                 let (mut state, reset) = self.load_state(&inode, &path, &mut st, look);
-                state.path_fd = path_fd.map(Arc::new);
+                state.path_fd = path_fd;
                 keep_cache = !reset;
                 if reset {
                     inode.content_changed();
@@ -394,7 +395,7 @@ impl CachingFs {
             Some(state) => {
                 // Loaded by the directory prefetch, which keeps no `O_PATH` descriptor.
                 if state.path_fd.is_none() {
-                    state.path_fd = path_fd.map(Arc::new);
+                    state.path_fd = path_fd;
                 }
                 // Loaded but closed (waiting for its group commit, or for fetches): as at
                 // a load, the data file is first checked to be as hoardfs left it.
