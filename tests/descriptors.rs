@@ -73,11 +73,13 @@ fn a_tree_much_larger_than_the_open_files_limit_reads_whole_cold_and_hot() {
     );
     walk_and_check(&t.mnt, "cold");
     walk_and_check(&t.mnt, "hot");
+    // Callbacks a quarter, listings an eighth, the commit queue an eighth at most, and the
+    // daemon's own few dozen: what is left serves requests.
     let held = fs::read_dir(format!("/proc/{}/fd", t.pid()))
         .unwrap()
         .count();
     assert!(
-        held < LIMIT as usize / 2 + 64,
+        held < LIMIT as usize * 3 / 4,
         "{held} descriptors held after the walks"
     );
 }
