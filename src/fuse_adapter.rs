@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, IoctlFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::{CachingFs, LockRequest};
@@ -67,7 +67,8 @@ fn log_failure(op: Op, e: Errno) {
     match errno {
         ENOENT | EEXIST | ENOTEMPTY | ENOTDIR | EISDIR | ENODATA | ERANGE | EAGAIN | ENOSYS
         | EOPNOTSUPP | ESTALE | EACCES | EPERM | EINVAL | EXDEV | ENAMETOOLONG | ELOOP
-        | ETXTBSY | EINTR | EDEADLK | EBUSY | EMLINK | EFBIG | ENOSPC | EROFS | EDQUOT | EBADF => {
+        | ETXTBSY | EINTR | EDEADLK | EBUSY | EMLINK | EFBIG | ENOSPC | EROFS | EDQUOT | EBADF
+        | ENOTTY => {
             tracing::trace!(op = op.name(), errno = errno_name(errno), "request failed")
         }
         ENOTCONN | ETIMEDOUT | EHOSTDOWN | EHOSTUNREACH => {
@@ -737,6 +738,25 @@ impl Filesystem for FuseAdapter {
             self.fs.fallocate(fh, offset, length, mode)
         });
         Self::empty(&call, reply, r);
+    }
+
+    /// No ioctl is passed on to the source: every one is answered `ENOTTY`, as a regular
+    /// file answers the terminal ones. The kernel asks again each time (it remembers no
+    /// "not implemented" for ioctls), and Python's `open()` asks `isatty` (`TCGETS`) of
+    /// every file it opens: fuser's default answer logged a warning for each.
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let call = self.call(Op::Ioctl, req);
+        reply.error(call.fail(Errno::ENOTTY));
     }
 
     fn lseek(

@@ -31,7 +31,7 @@ ops! {
     Fsyncdir => "fsyncdir", Statfs => "statfs", Setxattr => "setxattr",
     Getxattr => "getxattr", Listxattr => "listxattr", Removexattr => "removexattr",
     Access => "access", Create => "create", Getlk => "getlk", Setlk => "setlk",
-    Fallocate => "fallocate", Lseek => "lseek",
+    Fallocate => "fallocate", Lseek => "lseek", Ioctl => "ioctl",
 }
 
 macro_rules! counters {
@@ -144,6 +144,7 @@ pub fn errno_name(errno: i32) -> String {
         EINVAL => "EINVAL",
         ENFILE => "ENFILE",
         EMFILE => "EMFILE",
+        ENOTTY => "ENOTTY",
         ETXTBSY => "ETXTBSY",
         EFBIG => "EFBIG",
         ENOSPC => "ENOSPC",

@@ -1187,3 +1187,30 @@ fn failed_requests_are_counted_by_type_and_errno() {
         "{table}"
     );
 }
+
+/// An ioctl, which hoardfs passes on to no source (here a terminal's `TCGETS`, which
+/// Python's `open()` asks of every file it opens), answers `ENOTTY` as a regular file does,
+/// is counted, and logs no warning (fuser's default logged one for each).
+#[test]
+fn an_ioctl_answers_enotty_quietly_and_is_counted() {
+    let m = TestMount::new(&[]);
+    fs::write(m.s("f"), b"bytes").unwrap();
+    let f = fs::File::open(m.m("f")).unwrap();
+    let asked = |m: &TestMount| m.stats().requests.get("ioctl").copied().unwrap_or(0);
+    let before = asked(&m);
+    for _ in 0..3 {
+        let mut tty = std::mem::MaybeUninit::<libc::termios>::uninit();
+        // SAFETY: TCGETS writes at most one termios into `tty`.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, tty.as_mut_ptr()) };
+        let e = std::io::Error::last_os_error();
+        assert_eq!((r, e.raw_os_error()), (-1, Some(libc::ENOTTY)), "{e}");
+    }
+    assert_eq!(
+        asked(&m) - before,
+        3,
+        "each ioctl reaches the daemon and is counted"
+    );
+    assert_eq!(m.stats().errors["ioctl"]["ENOTTY"], 3);
+    let warnings = common::log_warnings(&m.log);
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
