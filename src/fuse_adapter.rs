@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags, IoctlFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::{CachingFs, LockRequest};
@@ -757,6 +758,41 @@ impl Filesystem for FuseAdapter {
     ) {
         let call = self.call(Op::Ioctl, req);
         reply.error(call.fail(Errno::ENOTTY));
+    }
+
+    /// Not implemented, quietly: on `ENOSYS` the kernel answers `poll` with the default
+    /// mask (always ready, as for a regular file) and asks no more.
+    fn poll(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        let call = self.call(Op::Poll, req);
+        reply.error(call.fail(Errno::ENOSYS));
+    }
+
+    /// Not implemented, quietly: on `ENOSYS` the kernel copies through reads and writes
+    /// (`cp` does so at once) and asks no more.
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let call = self.call(Op::CopyFileRange, req);
+        reply.error(call.fail(Errno::ENOSYS));
     }
 
     fn lseek(

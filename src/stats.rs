@@ -31,7 +31,8 @@ ops! {
     Fsyncdir => "fsyncdir", Statfs => "statfs", Setxattr => "setxattr",
     Getxattr => "getxattr", Listxattr => "listxattr", Removexattr => "removexattr",
     Access => "access", Create => "create", Getlk => "getlk", Setlk => "setlk",
-    Fallocate => "fallocate", Lseek => "lseek", Ioctl => "ioctl",
+    Fallocate => "fallocate", Lseek => "lseek", Ioctl => "ioctl", Poll => "poll",
+    CopyFileRange => "copy_file_range",
 }
 
 macro_rules! counters {

@@ -1214,3 +1214,39 @@ fn an_ioctl_answers_enotty_quietly_and_is_counted() {
     let warnings = common::log_warnings(&m.log);
     assert!(warnings.is_empty(), "{warnings:?}");
 }
+
+/// `copy_file_range` and `poll`, which hoardfs does not implement, answer `ENOSYS` without
+/// a warning (fuser's default logged one): the kernel then copies through reads and writes
+/// and takes a file as always ready, and asks no more, so each reaches the daemon once a
+/// mount, counted.
+#[test]
+fn copy_file_range_and_poll_fall_back_quietly_and_once() {
+    let m = TestMount::new(&[]);
+    let bytes = pattern(300_000, 7);
+    fs::write(m.s("f"), &bytes).unwrap();
+    for copy in ["g", "h"] {
+        let ok = Command::new("cp")
+            .arg(m.m("f"))
+            .arg(m.m(copy))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        assert!(fs::read(m.m(copy)).unwrap() == bytes, "{copy}");
+    }
+    let f = fs::File::open(m.m("f")).unwrap();
+    for _ in 0..2 {
+        let mut p = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, no wait.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1);
+        assert_eq!(p.revents, libc::POLLIN | libc::POLLOUT);
+    }
+    let s = m.stats();
+    assert_eq!(s.requests["copy_file_range"], 1, "{:?}", s.requests);
+    assert_eq!(s.requests["poll"], 1, "{:?}", s.requests);
+    let warnings = common::log_warnings(&m.log);
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
