@@ -703,8 +703,7 @@ impl Filesystem for FuseAdapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        let call = self.call(Op::Ioctl, req);
-        reply.error(call.fail(Errno::ENOTTY));
+        reply.error(self.call(Op::Ioctl, req).fail(Errno::ENOTTY));
     }
 
     /// Not implemented, quietly: on `ENOSYS` the kernel answers `poll` with the default
@@ -719,8 +718,7 @@ impl Filesystem for FuseAdapter {
         _flags: PollFlags,
         reply: ReplyPoll,
     ) {
-        let call = self.call(Op::Poll, req);
-        reply.error(call.fail(Errno::ENOSYS));
+        reply.error(self.call(Op::Poll, req).fail(Errno::ENOSYS));
     }
 
     /// Not implemented, quietly: on `ENOSYS` the kernel copies through reads and writes
@@ -738,8 +736,7 @@ impl Filesystem for FuseAdapter {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let call = self.call(Op::CopyFileRange, req);
-        reply.error(call.fail(Errno::ENOSYS));
+        reply.error(self.call(Op::CopyFileRange, req).fail(Errno::ENOSYS));
     }
 
     fn lseek(

@@ -284,7 +284,10 @@ impl CachingFs {
             self.source.stat(&path).map(|st| (None, st))
         } else {
             // One descriptor, shared by the callback and the state (`state.path_fd`).
-            let looked = (self.source.open_path_and_stat(&path)).map(|(fd, st)| (Arc::new(fd), st));
+            let looked = self
+                .source
+                .open_path_and_stat(&path)
+                .map(|(fd, st)| (Arc::new(fd), st));
             if let (Some(mark), Ok((fd, st))) = (mark, &looked)
                 && inode.is_same_file(st)
                 && let Some(cb) = self.coherence.callback(mark, id, fd, st)
