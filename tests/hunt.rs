@@ -8,8 +8,10 @@
 //! its older half's version, so it passes only within the staleness bound), failed
 //! opens and reads, listings that miss a name, and new opens that return a version older
 //! than one whose change had returned more than the stated bound before the open. All 0,
-//! except opens that fail with ESTALE when a file is replaced twice within the kernel's
-//! retry of one open: counted, and bounded at one in 50 opens.
+//! except opens that fail with ESTALE while racing a change (one began during the open,
+//! or ended within the bound before it): counted, and bounded at one in 50 opens but with
+//! `--kernel-opens`, whose opens nothing checks (README, "Kernel opens"). An ESTALE past
+//! the bound is an error.
 //!
 //! Three sources: a watched local directory, the same unwatched (`--watch off`, also with
 //! open leases), and a FUSE
@@ -336,6 +338,7 @@ fn mount(coarse: bool, extra: &[&str]) -> (TestMount, Source) {
 /// open may still return the version before it.
 fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Duration) {
     let (t, source) = mount(coarse, extra);
+    let kernel_opens = extra.contains(&"--kernel-opens");
     let n = SIZES.len();
     let committed = Arc::new(Committed {
         version: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -399,7 +402,24 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
                 let r =
                     fs::File::open(mnt.join(name(f))).and_then(|mut h| h.read_to_end(&mut data));
                 if let Err(e) = r {
-                    counts.failed(name(f), &e);
+                    // An `ESTALE` is an answer for an open that raced a change: one that
+                    // began during it, or ended within the bound before it (with kernel
+                    // opens, the kernel's name still leads to the replaced file until
+                    // the watcher's notice). Past that it is a stale answer like any other.
+                    let raced = committed.started[f].load(SeqCst) > before
+                        || opened_at.duration_since(at) <= bound;
+                    if e.raw_os_error() == Some(libc::ESTALE) && !raced {
+                        counts.note(
+                            &counts.errors,
+                            format!(
+                                "{}: {e} {:?} after v{before} was written",
+                                name(f),
+                                opened_at.duration_since(at)
+                            ),
+                        );
+                    } else {
+                        counts.failed(name(f), &e);
+                    }
                     continue;
                 }
                 counts.reads.fetch_add(1, SeqCst);
@@ -426,7 +446,7 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
     }
     // With kernel opens a handle of a file replaced behind the mount reads `ESTALE` for
     // pages the kernel does not hold (README, "Kernel opens"): counted as such.
-    let held_estale_ok = extra.contains(&"--kernel-opens");
+    let held_estale_ok = kernel_opens;
     // Readers holding handles across changes: every read returns bytes some version held.
     for r in 0..2 {
         let (mnt, committed, counts, stop) = (
@@ -543,7 +563,9 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
     assert!(
         c.wrong.load(SeqCst) == 0
             && c.errors.load(SeqCst) == 0
-            && c.estale.load(SeqCst) * 50 <= c.reads.load(SeqCst)
+            // Kernel opens are not checked at all: an `ESTALE` within the bound of a
+            // change is how they fail (`raced` above), however many there are.
+            && (kernel_opens || c.estale.load(SeqCst) * 50 <= c.reads.load(SeqCst))
             && c.stale.load(SeqCst) == 0
             && c.listings_wrong.load(SeqCst) == 0
             && alarms == 0,
