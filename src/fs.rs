@@ -135,6 +135,8 @@ pub struct Handle {
     source: Option<SourceFile>,
     writable: bool,
     passthrough: Option<Arc<BackingId>>,
+    /// Opened with `FOPEN_DIRECT_IO` (`CachingFs::opens_direct`).
+    direct: bool,
     /// Sequential detection and the short-path hint.
     fetch: HandleFetch,
     /// Where its writes go, decided at open.
@@ -162,6 +164,9 @@ impl Handle {
     fn open_kind(&self) -> OpenKind {
         match self.passthrough {
             Some(_) => OpenKind::Passthrough,
+            None if self.direct => OpenKind::Direct {
+                writes_source: self.writable && !self.writes_to_cache(),
+            },
             None => OpenKind::Daemon {
                 writes_source: self.writable && !self.writes_to_cache(),
             },

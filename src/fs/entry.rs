@@ -41,6 +41,9 @@ pub(super) enum OpenKind {
     /// Served by the daemon; `writes_source`: open for writing through to the source (a
     /// writer, which keeps the node from holding an old version apart).
     Daemon { writes_source: bool },
+    /// Served by the daemon with the kernel's page cache bypassed (`FOPEN_DIRECT_IO`,
+    /// `CachingFs::opens_direct`); counted among the daemon's opens too.
+    Direct { writes_source: bool },
 }
 
 /// What a checkpoint or a group commit of a record came to.
@@ -83,6 +86,9 @@ pub struct FileState {
     /// is open the node cannot keep an old version apart (`keep_version`): their writes
     /// reach the source file that the name's new node would serve.
     writers: u32,
+    /// Handles opened with the kernel's page cache bypassed (counted in `daemon_opens`
+    /// too): while any is open, every other open of the file bypasses it as well.
+    direct: u32,
     /// Opens waiting for a whole-file fetch (not counted in the opens yet).
     opening: u32,
     pub(super) backing: Weak<BackingId>,
@@ -129,6 +135,7 @@ impl FileState {
             daemon_opens: 0,
             passthrough_opens: 0,
             writers: 0,
+            direct: 0,
             opening: 0,
             backing: Weak::new(),
             unsynced: 0,
@@ -204,6 +211,11 @@ impl FileState {
                 self.daemon_opens += 1;
                 self.writers += u32::from(writes_source);
             }
+            OpenKind::Direct { writes_source } => {
+                self.daemon_opens += 1;
+                self.writers += u32::from(writes_source);
+                self.direct += 1;
+            }
         }
     }
 
@@ -214,6 +226,11 @@ impl FileState {
             OpenKind::Daemon { writes_source } => {
                 self.daemon_opens -= 1;
                 self.writers -= u32::from(writes_source);
+            }
+            OpenKind::Direct { writes_source } => {
+                self.daemon_opens -= 1;
+                self.writers -= u32::from(writes_source);
+                self.direct -= 1;
             }
         }
     }
@@ -231,6 +248,11 @@ impl FileState {
     /// Handles open for writing through to the source.
     pub(super) fn writers(&self) -> u32 {
         self.writers
+    }
+
+    /// Handles open with the kernel's page cache bypassed.
+    pub(super) fn direct_opens(&self) -> u32 {
+        self.direct
     }
 
     /// An open waits for a whole-file fetch (the state must stay loaded meanwhile), until

@@ -74,6 +74,7 @@ impl CachingFs {
                 source: None,
                 writable: true,
                 passthrough: None,
+                direct: false,
                 fetch: HandleFetch::default(),
                 writes,
                 noflush: None,

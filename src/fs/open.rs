@@ -91,7 +91,7 @@ impl CachingFs {
             })
             .ok();
         // A new file is fully known: cache it empty and complete.
-        {
+        let direct = {
             let mut guard = inode.file();
             if guard.is_none() {
                 let (mut state, _) = self.load_state(&inode, &path, &mut st, Look::Created);
@@ -99,9 +99,22 @@ impl CachingFs {
                 *guard = Some(Box::new(state));
             }
             let state = guard.as_mut().unwrap();
-            state.opened(OpenKind::Daemon {
-                writes_source: writable,
+            // (With kernel opens, the kernel opens files without telling the daemon: it
+            // could not know of the handles opened beside a direct writer.)
+            let direct = !self.kernel_opens() && opens_direct(state, flags);
+            state.opened(if direct {
+                OpenKind::Direct {
+                    writes_source: writable,
+                }
+            } else {
+                OpenKind::Daemon {
+                    writes_source: writable,
+                }
             });
+            direct
+        };
+        if direct {
+            Stats::add(&self.stats.cache.direct_opens, 1);
         }
         let fh = self.new_fh();
         inode.hand_out();
@@ -112,6 +125,7 @@ impl CachingFs {
                 source: Some(file),
                 writable,
                 passthrough: None,
+                direct,
                 fetch: HandleFetch::default(),
                 writes: Writes::Through,
                 noflush: None,
@@ -121,7 +135,11 @@ impl CachingFs {
             attr,
             Opened {
                 fh,
-                flags: FopenFlags::empty(),
+                flags: if direct {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    FopenFlags::empty()
+                },
                 backing: None,
             },
         ))
@@ -183,7 +201,7 @@ impl CachingFs {
             if guard.is_none() {
                 *guard = Some(Box::new(self.offline_state(&inode, &path)));
             }
-            self.finish_open(&inode, guard, false, None, true, make_backing)
+            self.finish_open(&inode, guard, libc::O_RDONLY, None, true, make_backing)
         };
         if !self.online() {
             return offline();
@@ -227,7 +245,7 @@ impl CachingFs {
             return Err(Errno::ESTALE);
         }
         Stats::add(&self.stats.cache.retired_opens, 1);
-        self.finish_open(inode, guard, false, None, true, make_backing)
+        self.finish_open(inode, guard, libc::O_RDONLY, None, true, make_backing)
     }
 
     /// `path` no longer leads to `inode`'s file: the node stops answering to it, and the
@@ -576,7 +594,7 @@ impl CachingFs {
         // A new version's notice may still be on its way to the kernel: until it has
         // been delivered, the kernel's pages may be of the old version.
         let keep_cache = keep_cache && inode.kernel_pages_current();
-        self.finish_open(&inode, guard, writable, source, keep_cache, make_backing)
+        self.finish_open(&inode, guard, flags, source, keep_cache, make_backing)
     }
 
     /// After an open for reading where nothing is watched: a look (`st`, taken at
@@ -620,12 +638,13 @@ impl CachingFs {
         &self,
         inode: &Arc<Inode>,
         mut guard: crate::sync::MutexGuard<'_, Option<Box<FileState>>>,
-        writable: bool,
+        flags: i32,
         source: Option<SourceFile>,
         keep_cache: bool,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
         let id = inode.id;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let state = guard.as_mut().unwrap();
         let mut backing = None;
         if !writable && state.complete() && state.daemon_opens() == 0 && self.passthrough_enabled()
@@ -650,10 +669,17 @@ impl CachingFs {
             };
             backing = b;
         }
+        let direct = backing.is_none() && !self.kernel_opens() && opens_direct(state, flags);
         let mut fopen = if backing.is_some() {
             state.opened(OpenKind::Passthrough);
             Stats::add(&self.stats.cache.passthrough_opens, 1);
             FopenFlags::FOPEN_PASSTHROUGH
+        } else if direct {
+            state.opened(OpenKind::Direct {
+                writes_source: writable,
+            });
+            Stats::add(&self.stats.cache.direct_opens, 1);
+            FopenFlags::FOPEN_DIRECT_IO
         } else {
             state.opened(OpenKind::Daemon {
                 writes_source: writable,
@@ -689,6 +715,7 @@ impl CachingFs {
                 source,
                 writable,
                 passthrough: backing.clone(),
+                direct,
                 fetch: HandleFetch::default(),
                 writes: Writes::Through,
                 noflush: noflush.then(Default::default),
@@ -705,5 +732,76 @@ impl CachingFs {
     /// Drops a state that no handle uses (after a failed open).
     pub(super) fn release_if_unused(&self, inode: &Inode, guard: &mut Option<Box<FileState>>) {
         self.unload_if_idle(inode, guard);
+    }
+}
+
+/// Whether an open the daemon serves bypasses the kernel's page cache (`FOPEN_DIRECT_IO`),
+/// decided before it is counted among `state`'s opens. A write-only handle alone on its
+/// file does: its writes then reach the daemon from the caller's own pages, where through
+/// the page cache every byte was copied into a kernel page first (a third copy beside the
+/// source's and the cache file's; a 1 GiB `dd` took three times as long,
+/// `docs/performance.md`, "Session 26"). So does every handle opened while one is open, so
+/// that no kernel page of the file is filled while writes bypass them: a read served
+/// between the kernel's drop of the written range (before it sends the write) and the
+/// write's arrival would leave the old bytes cached after the write returned. Pages
+/// cached before the writer opened are dropped by the kernel for each range it writes.
+fn opens_direct(state: &FileState, flags: i32) -> bool {
+    if flags & libc::O_ACCMODE == libc::O_WRONLY {
+        state.daemon_opens() + state.passthrough_opens() == 0
+    } else {
+        state.direct_opens() > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{CacheRecord, SourceIdentity};
+
+    fn state() -> FileState {
+        let identity = SourceIdentity {
+            ino: 7,
+            size: 10,
+            mtime: (1, 0),
+            ctime: (1, 0),
+            racy: false,
+        };
+        FileState::new(CacheRecord::empty(identity, 1 << 20))
+    }
+
+    #[test]
+    fn a_write_only_open_alone_is_direct_and_so_is_every_open_beside_it() {
+        let mut s = state();
+        let (rd, wr, rdwr) = (libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR);
+        assert!(!opens_direct(&s, rd) && !opens_direct(&s, rdwr));
+        assert!(opens_direct(&s, wr));
+        s.opened(OpenKind::Direct {
+            writes_source: true,
+        });
+        assert!(opens_direct(&s, rd) && opens_direct(&s, rdwr) && !opens_direct(&s, wr));
+        s.opened(OpenKind::Direct {
+            writes_source: false,
+        });
+        assert_eq!((s.daemon_opens(), s.writers(), s.direct_opens()), (2, 1, 2));
+        s.closed(OpenKind::Direct {
+            writes_source: true,
+        });
+        // The reader beside it is still direct: so is the next open, writers included.
+        assert!(opens_direct(&s, rd) && !opens_direct(&s, wr));
+        s.closed(OpenKind::Direct {
+            writes_source: false,
+        });
+        assert!(s.is_closed() && s.direct_opens() == 0);
+        // A writer beside a reader that uses the page cache, or a passthrough one: not.
+        for kind in [
+            OpenKind::Daemon {
+                writes_source: false,
+            },
+            OpenKind::Passthrough,
+        ] {
+            s.opened(kind);
+            assert!(!opens_direct(&s, wr) && !opens_direct(&s, rd));
+            s.closed(kind);
+        }
     }
 }

@@ -128,6 +128,11 @@ impl CachingFs {
         }
         if let Some(state) = guard.as_mut() {
             state.closed(h.open_kind());
+            // A private mapping of a handle opened beside a direct writer fills the
+            // kernel's pages, which the writes then bypassed: none is kept by later opens.
+            if h.direct && state.direct_opens() == 0 {
+                h.inode.content_changed();
+            }
         }
         // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
         self.unload_if_idle(&h.inode, &mut guard);

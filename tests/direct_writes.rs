@@ -1,0 +1,253 @@
+//! Direct writes (`fs/open.rs`, `opens_direct`): a write-only handle alone on its file
+//! bypasses the kernel's page cache, and so does every handle opened beside it; readers
+//! racing such writers through the mount never get bytes older than the last write that
+//! returned before their read began.
+
+mod common;
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use common::TestMount;
+
+fn direct_opens(t: &TestMount) -> u64 {
+    t.stats().cache.direct_opens
+}
+
+#[test]
+fn a_lone_write_only_open_bypasses_the_page_cache_and_the_opens_beside_it_do_too() {
+    let t = TestMount::new(&[]);
+    // A create for writing only, alone: direct.
+    let w = fs::File::create(t.m("f")).unwrap();
+    assert_eq!(direct_opens(&t), 1);
+    w.write_all_at(b"written directly", 0).unwrap();
+    // A reader beside it: direct too, and it reads what the writer wrote.
+    let r = fs::File::open(t.m("f")).unwrap();
+    assert_eq!(direct_opens(&t), 2);
+    let mut buf = [0u8; 16];
+    r.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"written directly");
+    // Its shared mappings are refused (the kernel's page cache would hold them), as the
+    // README says; private ones work.
+    // SAFETY: plain mmap calls on a descriptor this test owns; the mappings are unmapped.
+    unsafe {
+        let shared = libc::mmap(
+            std::ptr::null_mut(),
+            16,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            r.as_raw_fd(),
+            0,
+        );
+        assert_eq!(shared, libc::MAP_FAILED);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENODEV)
+        );
+        let private = libc::mmap(
+            std::ptr::null_mut(),
+            16,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            r.as_raw_fd(),
+            0,
+        );
+        assert_ne!(private, libc::MAP_FAILED);
+        assert_eq!(
+            std::slice::from_raw_parts(private as *const u8, 16),
+            b"written directly"
+        );
+        libc::munmap(private, 16);
+    }
+    drop(w);
+    // A writer opened beside a reader is not direct (the reader may hold pages), nor is a
+    // handle open for reading and writing, nor a reader with no direct writer beside it.
+    let w2 = fs::OpenOptions::new().write(true).open(t.m("f")).unwrap();
+    drop(r);
+    let rw = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(t.m("f"))
+        .unwrap();
+    drop((w2, rw));
+    fs::read(t.m("f")).unwrap();
+    assert_eq!(direct_opens(&t), 2);
+    // Written through the mount, whichever way: on the source and read back the same.
+    assert_eq!(fs::read(t.s("f")).unwrap(), b"written directly");
+    assert_eq!(fs::read(t.m("f")).unwrap(), b"written directly");
+}
+
+/// A block of the file at version `v`: every 8 bytes hold `v`.
+fn version_block(v: u64, len: usize) -> Vec<u8> {
+    v.to_le_bytes().iter().copied().cycle().take(len).collect()
+}
+
+const FILE_LEN: usize = 256 * 1024;
+const WRITE_LEN: usize = 64 * 1024;
+
+/// Checks `data` (read at `offset`): every word a version written, none older than `floor`.
+fn check(data: &[u8], floor: u64, started: u64, what: &str) -> Result<(), String> {
+    for (i, w) in data.chunks_exact(8).enumerate() {
+        let v = u64::from_le_bytes(w.try_into().unwrap());
+        if v < floor || v > started {
+            return Err(format!(
+                "{what}: word {i} holds version {v}; the last write returned before the read was {floor}, the last begun {started}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One writer rewrites a file through the mount in 64 KiB writes, version after version,
+/// closing and reopening its handle now and then (so that it is direct when it opens
+/// alone and not when a reader is open); readers open, read and close, others hold their
+/// handles across the writes. Every word any of them reads is of a version no older than
+/// the last one whose writes had all returned before the read began.
+fn readers_racing_a_writer(args: &[&str]) {
+    let t = TestMount::new(args);
+    fs::write(t.m("f"), version_block(1, FILE_LEN)).unwrap();
+    let committed = Arc::new(AtomicU64::new(1));
+    let started = Arc::new(AtomicU64::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reads = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut threads = Vec::new();
+    // Every other time the writer opens alone (readers close their handles and wait),
+    // so that it is direct and the readers open beside it; else beside the readers.
+    let gate = Arc::new(AtomicBool::new(false));
+    let reader_handles = Arc::new(AtomicU64::new(0));
+    {
+        let (path, committed, started) = (t.m("f"), committed.clone(), started.clone());
+        let (gate, reader_handles) = (gate.clone(), reader_handles.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut v = 1;
+            let mut round = 0u64;
+            while Instant::now() < deadline {
+                round += 1;
+                let alone = round.is_multiple_of(2);
+                if alone {
+                    gate.store(true, SeqCst);
+                    let until = Instant::now() + Duration::from_secs(1);
+                    while reader_handles.load(SeqCst) > 0 && Instant::now() < until {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                // With passthrough, a writer beside readers waits for their passthrough
+                // handles to close, and fails with ETXTBSY after 0.5 s (README): again.
+                let w = fs::OpenOptions::new().write(true).open(&path);
+                gate.store(false, SeqCst);
+                let w = match w {
+                    Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => continue,
+                    w => w.unwrap(),
+                };
+                for _ in 0..8 {
+                    v += 1;
+                    started.store(v, SeqCst);
+                    let block = version_block(v, WRITE_LEN);
+                    for off in (0..FILE_LEN).step_by(WRITE_LEN) {
+                        w.write_all_at(&block, off as u64).unwrap();
+                    }
+                    committed.store(v, SeqCst);
+                }
+                drop(w);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }));
+    }
+    for r in 0..3 {
+        let (path, committed, started, stop, failures, reads) = (
+            t.m("f"),
+            committed.clone(),
+            started.clone(),
+            stop.clone(),
+            failures.clone(),
+            reads.clone(),
+        );
+        let (gate, reader_handles) = (gate.clone(), reader_handles.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut held: Option<fs::File> = None;
+            let mut buf = vec![0u8; FILE_LEN];
+            let mut n = 0u64;
+            let close = |held: &mut Option<fs::File>| {
+                if held.take().is_some() {
+                    reader_handles.fetch_sub(1, SeqCst);
+                }
+            };
+            while !stop.load(SeqCst) {
+                n += 1;
+                // Reader 0 opens anew for each read; the others hold a handle for a while.
+                if r == 0 || n % 20 == 1 || gate.load(SeqCst) {
+                    close(&mut held);
+                }
+                if gate.load(SeqCst) {
+                    std::thread::sleep(Duration::from_micros(100));
+                    continue;
+                }
+                let floor = committed.load(SeqCst);
+                let h = match &held {
+                    Some(h) => h,
+                    None => {
+                        reader_handles.fetch_add(1, SeqCst);
+                        held.insert(fs::File::open(&path).unwrap())
+                    }
+                };
+                let got = h.read_at(&mut buf, 0).unwrap();
+                let _ = h.read_at(&mut buf[got..], got as u64);
+                reads.fetch_add(1, SeqCst);
+                let what = format!("reader {r}, read {n}");
+                if let Err(e) = check(&buf, floor, started.load(SeqCst), &what) {
+                    failures.lock().unwrap().push(e);
+                }
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            close(&mut held);
+        }));
+    }
+    let writer = threads.remove(0);
+    writer.join().unwrap();
+    stop.store(true, SeqCst);
+    for th in threads {
+        th.join().unwrap();
+    }
+    let failures = failures.lock().unwrap();
+    let s = t.stats().cache;
+    let summary = format!(
+        "{args:?}: {} versions, {} reads, {} direct opens: {} failed, first: {:?}",
+        committed.load(SeqCst),
+        reads.load(SeqCst),
+        s.direct_opens,
+        failures.len(),
+        failures.first()
+    );
+    eprintln!("{summary}");
+    assert!(failures.is_empty(), "{summary}");
+    assert!(
+        committed.load(SeqCst) > 20 && reads.load(SeqCst) > 100,
+        "{summary}"
+    );
+    assert!(s.direct_opens > 10, "{summary}");
+    // What the source holds is the last version, whole.
+    check(
+        &fs::read(t.s("f")).unwrap(),
+        committed.load(SeqCst),
+        committed.load(SeqCst),
+        "source",
+    )
+    .unwrap();
+}
+
+#[test]
+fn readers_racing_a_direct_writer_never_read_older_than_the_last_write_returned() {
+    readers_racing_a_writer(&[]);
+}
+
+#[test]
+fn readers_racing_a_direct_writer_without_passthrough_never_read_older_than_the_last_write_returned()
+ {
+    readers_racing_a_writer(&["--no-passthrough"]);
+}
