@@ -151,6 +151,10 @@ pub struct Inode<F> {
     /// A handle of the node was given to the kernel (or a request through a kernel open
     /// served): until then it holds no pages of the file, of any version.
     handed_out: AtomicBool,
+    /// A handle that reads through the kernel's page cache was given to the kernel: pages
+    /// of the file, and mappings of them that outlive the handle, may live on, and a write
+    /// that bypassed them could leave some old (`fs/open.rs`, `opens_direct`).
+    page_cache_readers: AtomicBool,
     /// A look at the source that stands until the watcher breaks it (a file's
     /// `coherence::Callback`, a directory's `ListingCallback`) or for a time (a file's
     /// `OpenLease`, where nothing is watched), and the breaks so far: a
@@ -226,6 +230,7 @@ impl<F> Inode<F> {
             told_size: AtomicU64::new(u64::MAX),
             served_kernel_open: AtomicBool::new(false),
             handed_out: AtomicBool::new(false),
+            page_cache_readers: AtomicBool::new(false),
             callback: Mutex::new(None),
             breaks: AtomicU64::new(0),
         }
@@ -360,6 +365,16 @@ impl<F> Inode<F> {
     /// kernel holds no pages of the file to drop.
     pub fn handed_out(&self) -> bool {
         self.handed_out.load(Ordering::SeqCst)
+    }
+
+    /// A handle that reads through the kernel's page cache is about to be handed out.
+    pub fn hand_out_page_cache_reader(&self) {
+        self.page_cache_readers.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a handle reading through the kernel's page cache was ever handed out.
+    pub fn had_page_cache_readers(&self) -> bool {
+        self.page_cache_readers.load(Ordering::SeqCst)
     }
 
     /// Whether the kernel may hold pages of this file that no open of ours gave it leave

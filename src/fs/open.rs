@@ -101,12 +101,16 @@ impl CachingFs {
             let state = guard.as_mut().unwrap();
             // (With kernel opens, the kernel opens files without telling the daemon: it
             // could not know of the handles opened beside a direct writer.)
-            let direct = !self.kernel_opens() && opens_direct(state, flags);
+            let direct =
+                !self.kernel_opens() && opens_direct(state, inode.had_page_cache_readers(), flags);
             state.opened(if direct {
                 OpenKind::Direct {
                     writes_source: writable,
                 }
             } else {
+                if flags & libc::O_ACCMODE != libc::O_WRONLY {
+                    inode.hand_out_page_cache_reader();
+                }
                 OpenKind::Daemon {
                     writes_source: writable,
                 }
@@ -669,7 +673,9 @@ impl CachingFs {
             };
             backing = b;
         }
-        let direct = backing.is_none() && !self.kernel_opens() && opens_direct(state, flags);
+        let direct = backing.is_none()
+            && !self.kernel_opens()
+            && opens_direct(state, inode.had_page_cache_readers(), flags);
         let mut fopen = if backing.is_some() {
             state.opened(OpenKind::Passthrough);
             Stats::add(&self.stats.cache.passthrough_opens, 1);
@@ -684,6 +690,9 @@ impl CachingFs {
             state.opened(OpenKind::Daemon {
                 writes_source: writable,
             });
+            if flags & libc::O_ACCMODE != libc::O_WRONLY {
+                inode.hand_out_page_cache_reader();
+            }
             if keep_cache {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
@@ -737,17 +746,18 @@ impl CachingFs {
 
 /// Whether an open the daemon serves bypasses the kernel's page cache (`FOPEN_DIRECT_IO`),
 /// decided before it is counted among `state`'s opens. A write-only handle alone on its
-/// file does: its writes then reach the daemon from the caller's own pages, where through
-/// the page cache every byte was copied into a kernel page first (a third copy beside the
-/// source's and the cache file's; a 1 GiB `dd` took three times as long,
-/// `docs/performance.md`, "Session 26"). So does every handle opened while one is open, so
-/// that no kernel page of the file is filled while writes bypass them: a read served
-/// between the kernel's drop of the written range (before it sends the write) and the
-/// write's arrival would leave the old bytes cached after the write returned. Pages
-/// cached before the writer opened are dropped by the kernel for each range it writes.
-fn opens_direct(state: &FileState, flags: i32) -> bool {
+/// file does, if no handle reading through that cache was ever given out for the node:
+/// its writes then reach the daemon from the caller's own pages, where through the page
+/// cache every byte was copied into a kernel page first (a third copy beside the source's
+/// and the cache file's; `docs/performance.md`, "Session 26"). The kernel drops the cached
+/// pages of each range before it sends the write, but a page filled between that drop and
+/// the write's arrival keeps the old bytes after the write returned: so every handle
+/// opened while such a writer is open is direct too, and a node whose pages someone may
+/// still map (mappings outlive their handles; `page_cache_readers`:
+/// `Inode::had_page_cache_readers`) gets no direct writer.
+fn opens_direct(state: &FileState, page_cache_readers: bool, flags: i32) -> bool {
     if flags & libc::O_ACCMODE == libc::O_WRONLY {
-        state.daemon_opens() + state.passthrough_opens() == 0
+        state.daemon_opens() + state.passthrough_opens() == 0 && !page_cache_readers
     } else {
         state.direct_opens() > 0
     }
@@ -773,12 +783,16 @@ mod tests {
     fn a_write_only_open_alone_is_direct_and_so_is_every_open_beside_it() {
         let mut s = state();
         let (rd, wr, rdwr) = (libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR);
-        assert!(!opens_direct(&s, rd) && !opens_direct(&s, rdwr));
-        assert!(opens_direct(&s, wr));
+        assert!(!opens_direct(&s, false, rd) && !opens_direct(&s, false, rdwr));
+        assert!(opens_direct(&s, false, wr));
         s.opened(OpenKind::Direct {
             writes_source: true,
         });
-        assert!(opens_direct(&s, rd) && opens_direct(&s, rdwr) && !opens_direct(&s, wr));
+        assert!(
+            opens_direct(&s, false, rd)
+                && opens_direct(&s, false, rdwr)
+                && !opens_direct(&s, false, wr)
+        );
         s.opened(OpenKind::Direct {
             writes_source: false,
         });
@@ -787,7 +801,7 @@ mod tests {
             writes_source: true,
         });
         // The reader beside it is still direct: so is the next open, writers included.
-        assert!(opens_direct(&s, rd) && !opens_direct(&s, wr));
+        assert!(opens_direct(&s, false, rd) && !opens_direct(&s, false, wr));
         s.closed(OpenKind::Direct {
             writes_source: false,
         });
@@ -800,8 +814,10 @@ mod tests {
             OpenKind::Passthrough,
         ] {
             s.opened(kind);
-            assert!(!opens_direct(&s, wr) && !opens_direct(&s, rd));
+            assert!(!opens_direct(&s, false, wr) && !opens_direct(&s, false, rd));
             s.closed(kind);
         }
+        // Nor a writer alone on a node whose pages someone may still map.
+        assert!(!opens_direct(&s, true, wr));
     }
 }
