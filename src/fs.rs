@@ -173,6 +173,12 @@ impl Handle {
         }
     }
 
+    /// Whether the kernel copies this handle's writes into its page cache before it sends
+    /// them (`Inode::page_cache_writers`).
+    fn writes_through_page_cache(&self) -> bool {
+        self.writable && !self.direct
+    }
+
     /// Whether writes go to the cache file rather than to the source.
     fn writes_to_cache(&self) -> bool {
         self.writes != Writes::Through

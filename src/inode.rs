@@ -101,6 +101,10 @@ impl InodeLimits {
     }
 }
 
+/// How long a page-cache writer's open waits for a page invalidation under way (it waits
+/// for reads in flight, which other request threads answer).
+const PAGE_INVALIDATION_WAIT: Duration = Duration::from_millis(100);
+
 #[derive(Debug)]
 pub struct Inode<F> {
     /// Immutable identity.
@@ -155,6 +159,16 @@ pub struct Inode<F> {
     /// of the file, and mappings of them that outlive the handle, may live on, and a write
     /// that bypassed them could leave some old (`fs/open.rs`, `opens_direct`).
     page_cache_readers: AtomicBool,
+    /// Handles open for writing through the kernel's page cache: the kernel copies each
+    /// write into its pages, then sends it, and pages dropped in between (a notice's
+    /// invalidation, or an open without `FOPEN_KEEP_CACHE`) would be read back old from
+    /// the cache before the write arrives here. While any is open, page invalidations
+    /// are held back until the last closes (`begin_page_invalidation`).
+    page_cache_writers: AtomicU32,
+    /// A page invalidation was held back for the page-cache writers.
+    pages_held_back: AtomicBool,
+    /// The invalidation thread is deciding on or sending a page invalidation.
+    invalidating_pages: AtomicBool,
     /// A look at the source that stands until the watcher breaks it (a file's
     /// `coherence::Callback`, a directory's `ListingCallback`) or for a time (a file's
     /// `OpenLease`, where nothing is watched), and the breaks so far: a
@@ -231,6 +245,9 @@ impl<F> Inode<F> {
             served_kernel_open: AtomicBool::new(false),
             handed_out: AtomicBool::new(false),
             page_cache_readers: AtomicBool::new(false),
+            page_cache_writers: AtomicU32::new(0),
+            pages_held_back: AtomicBool::new(false),
+            invalidating_pages: AtomicBool::new(false),
             callback: Mutex::new(None),
             breaks: AtomicU64::new(0),
         }
@@ -375,6 +392,67 @@ impl<F> Inode<F> {
     /// Whether a handle reading through the kernel's page cache was ever handed out.
     pub fn had_page_cache_readers(&self) -> bool {
         self.page_cache_readers.load(Ordering::SeqCst)
+    }
+
+    /// A handle that writes through the kernel's page cache is about to be handed out
+    /// (counted under the file's lock, so that an open deciding after it knows of it);
+    /// then `wait_for_page_invalidation`, without that lock.
+    pub fn page_cache_writer_opened(&self) {
+        self.page_cache_writers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Waits (briefly, bounded) for a page invalidation under way, which began before it
+    /// could see a writer just counted: the writer's copies then come after it.
+    pub fn wait_for_page_invalidation(&self) {
+        let until = Instant::now() + PAGE_INVALIDATION_WAIT;
+        while self.invalidating_pages.load(Ordering::SeqCst) && Instant::now() < until {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// A handle that wrote through the kernel's page cache was released. `true`: it was
+    /// the last, and a page invalidation was held back meanwhile (send it now).
+    pub fn page_cache_writer_closed(&self) -> bool {
+        self.page_cache_writers.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.pages_held_back.swap(false, Ordering::SeqCst)
+    }
+
+    /// Whether page-cache writers are open (pages must not be dropped now: an open keeps
+    /// them, and holds its drop back, `hold_back_pages`).
+    pub fn has_page_cache_writers(&self) -> bool {
+        self.page_cache_writers.load(Ordering::SeqCst) > 0
+    }
+
+    /// A drop of the kernel's pages is wanted while page-cache writers are open: the last
+    /// of them to close sends it.
+    pub fn hold_back_pages(&self) {
+        self.pages_held_back.store(true, Ordering::SeqCst);
+        // The last writer may have closed just before: then nobody would.
+        if !self.has_page_cache_writers() && self.pages_held_back.swap(false, Ordering::SeqCst) {
+            self.content_changed();
+        }
+    }
+
+    /// For the invalidation thread, before it drops the node's pages: `false` if it must
+    /// not now (page-cache writers are open; the last to close sends it again), and drop
+    /// the attributes only. After `true`, call `end_page_invalidation` once sent.
+    pub fn begin_page_invalidation(&self) -> bool {
+        self.invalidating_pages.store(true, Ordering::SeqCst);
+        if self.page_cache_writers.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        self.pages_held_back.store(true, Ordering::SeqCst);
+        // The last writer may have closed (and found nothing held back) in between.
+        if self.page_cache_writers.load(Ordering::SeqCst) == 0 {
+            self.pages_held_back.store(false, Ordering::SeqCst);
+            return true;
+        }
+        self.invalidating_pages.store(false, Ordering::SeqCst);
+        false
+    }
+
+    pub fn end_page_invalidation(&self) {
+        self.invalidating_pages.store(false, Ordering::SeqCst);
     }
 
     /// Whether the kernel may hold pages of this file that no open of ours gave it leave
@@ -950,6 +1028,44 @@ mod tests {
 
     fn p(s: &str) -> Option<PathBuf> {
         Some(PathBuf::from(s))
+    }
+
+    /// Page invalidations wait for the writers through the page cache: held back while
+    /// any is open, sent again by the last to close, and an invalidation under way is
+    /// waited for by a writer that opens meanwhile.
+    #[test]
+    fn page_invalidations_are_held_back_while_page_cache_writers_are_open() {
+        let t = table(100, 0);
+        let f = t.lookup(1, Path::new("f"), &file(10));
+        assert!(f.begin_page_invalidation(), "no writer: the pages go");
+        f.end_page_invalidation();
+        f.page_cache_writer_opened();
+        f.page_cache_writer_opened();
+        assert!(f.has_page_cache_writers());
+        assert!(!f.begin_page_invalidation(), "held back");
+        assert!(!f.page_cache_writer_closed(), "another writer is open");
+        assert!(f.page_cache_writer_closed(), "the last sends it");
+        f.page_cache_writer_opened();
+        assert!(
+            !f.page_cache_writer_closed(),
+            "nothing held back: nothing to send"
+        );
+        // A writer opening while an invalidation is under way waits for its end (and not
+        // for the whole bound).
+        assert!(f.begin_page_invalidation());
+        let (g, (tx, rx)) = (f.clone(), std::sync::mpsc::channel());
+        let waiter = std::thread::spawn(move || {
+            g.page_cache_writer_opened();
+            tx.send(()).unwrap();
+            let t0 = Instant::now();
+            g.wait_for_page_invalidation();
+            t0.elapsed()
+        });
+        rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        f.end_page_invalidation();
+        assert!(waiter.join().unwrap() < PAGE_INVALIDATION_WAIT);
+        assert!(!f.begin_page_invalidation(), "the writer is counted");
     }
 
     /// What the kernel may hold as a file's size: the first reply's size; after a reply

@@ -71,6 +71,11 @@ impl KernelNotifier {
         self.send(message(FUSE_NOTIFY_INVAL_INODE, &inval_inode_body(ino, 0)))
     }
 
+    /// The kernel drops node `ino`'s attributes, not its pages.
+    pub fn inval_attrs(&self, ino: u64) -> io::Result<()> {
+        self.send(message(FUSE_NOTIFY_INVAL_INODE, &inval_inode_body(ino, -1)))
+    }
+
     /// The kernel drops the name `name` in directory `parent`.
     pub fn inval_entry(&self, parent: u64, name: &OsStr) -> io::Result<()> {
         let name = name.as_bytes();

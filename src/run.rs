@@ -259,13 +259,24 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
                 Ok(Some(Notice::Inode(id))) => {
                     let inode = table_fs.upgrade().and_then(|fs| fs.inodes.get(id));
                     let version = inode.as_ref().map(|i| i.content_version());
-                    match notifier.inval_inode(id) {
+                    // Not the pages while writes through them may be under way: the last
+                    // such writer's release sends this again (`Inode::page_cache_writers`).
+                    let pages = inode.as_ref().is_none_or(|i| i.begin_page_invalidation());
+                    let sent = if pages {
+                        notifier.inval_inode(id)
+                    } else {
+                        notifier.inval_attrs(id)
+                    };
+                    if let Some(i) = inode.as_ref().filter(|_| pages) {
+                        i.end_page_invalidation();
+                    }
+                    match sent {
                         // (ENOENT: the kernel has no such node, so no pages of it.)
                         Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
                             tracing::debug!("inval_inode({id}): {e}");
                         }
                         _ => {
-                            if let (Some(inode), Some(v)) = (inode, version) {
+                            if let (Some(inode), Some(v), true) = (inode, version, pages) {
                                 inode.pages_dropped(v);
                             }
                         }

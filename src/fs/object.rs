@@ -67,6 +67,9 @@ impl CachingFs {
     pub(super) fn cache_write_handle(&self, inode: &Arc<Inode>, writes: Writes) -> Opened {
         let fh = self.new_fh();
         inode.hand_out();
+        // (Its writes go to the cache file, through the kernel's page cache.)
+        inode.page_cache_writer_opened();
+        inode.wait_for_page_invalidation();
         self.handles.lock().unwrap().insert(
             fh,
             Arc::new(Handle {

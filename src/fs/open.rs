@@ -103,6 +103,9 @@ impl CachingFs {
             // could not know of the handles opened beside a direct writer.)
             let direct =
                 !self.kernel_opens() && opens_direct(state, inode.had_page_cache_readers(), flags);
+            if writable && !direct {
+                inode.page_cache_writer_opened();
+            }
             state.opened(if direct {
                 OpenKind::Direct {
                     writes_source: writable,
@@ -119,6 +122,8 @@ impl CachingFs {
         };
         if direct {
             Stats::add(&self.stats.cache.direct_opens, 1);
+        } else if writable {
+            inode.wait_for_page_invalidation();
         }
         let fh = self.new_fh();
         inode.hand_out();
@@ -478,6 +483,7 @@ impl CachingFs {
         if !keep_cache && (!self.kernel_opens() || inode.kernel_open_pages()) {
             self.coherence.notify(Notice::Inode(id));
         }
+
         let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
         if flags & libc::O_ACCMODE == libc::O_RDONLY {
             // The next files of its directory, ahead of a reader going through them: fetched
@@ -596,8 +602,12 @@ impl CachingFs {
             );
         }
         // A new version's notice may still be on its way to the kernel: until it has
-        // been delivered, the kernel's pages may be of the old version.
-        let keep_cache = keep_cache && inode.kernel_pages_current();
+        // been delivered, the kernel's pages may be of the old version. But pages dropped
+        // while another handle writes through them could be read back old before its
+        // write arrives here: then they are dropped when the last such writer closes (a
+        // notice is held back till then, `Inode::begin_page_invalidation`).
+        let keep_cache =
+            (keep_cache && inode.kernel_pages_current()) || inode.has_page_cache_writers();
         self.finish_open(&inode, guard, flags, source, keep_cache, make_backing)
     }
 
@@ -702,7 +712,14 @@ impl CachingFs {
         let size = state.record().identity.size;
         // Under the file's lock, so that an open deciding after this one knows of it.
         inode.hand_out();
+        let page_cache_writer = writable && !direct;
+        if page_cache_writer {
+            inode.page_cache_writer_opened();
+        }
         drop(guard);
+        if page_cache_writer {
+            inode.wait_for_page_invalidation();
+        }
         // The kernel cuts reads through its page cache at the size it holds (it asks again
         // only once that is dropped or expired): if that may be another version's (the
         // file replaced or resized behind the mount since the kernel was last told), it

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use fuser::Errno;
 
 use super::{CachingFs, Result, Writes, errno, set_id_bits};
+use crate::coherence::Notice;
 use crate::stats::Stats;
 
 impl CachingFs {
@@ -137,6 +138,10 @@ impl CachingFs {
         // Unloaded now, or by the last fetch still in flight for it (`fs/fetch.rs`).
         self.unload_if_idle(&h.inode, &mut guard);
         drop(guard);
+        if h.writes_through_page_cache() && h.inode.page_cache_writer_closed() {
+            h.inode.content_changed();
+            self.coherence.notify(Notice::Inode(h.inode.id));
+        }
         // The source descriptor is closed through the source guard, outside the file's
         // lock (a request still in flight on the handle closes it when done instead).
         drop(h);
