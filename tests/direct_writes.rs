@@ -142,6 +142,15 @@ fn a_mapping_left_by_a_closed_reader_sees_a_later_lone_writers_bytes() {
     unsafe { libc::munmap(map, 9) };
 }
 
+/// How long each race runs: 3 s in `cargo test`; `HOARDFS_RACE_SECS=600 cargo test
+/// --release --test direct_writes -- --nocapture` is the long form.
+fn secs() -> u64 {
+    std::env::var("HOARDFS_RACE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+}
+
 /// A block of the file at version `v`: every 8 bytes hold `v`.
 fn version_block(v: u64, len: usize) -> Vec<u8> {
     v.to_le_bytes().iter().copied().cycle().take(len).collect()
@@ -178,7 +187,8 @@ fn readers_racing_a_writer(args: &[&str], alone_every: u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let reads = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(3);
+    t.allow_time(Duration::from_secs(secs()));
+    let deadline = Instant::now() + Duration::from_secs(secs());
     let mut threads = Vec::new();
     // Every `alone_every`th time the writer opens alone (readers close their handles and
     // wait), so that it is direct and the readers open beside it; else beside them.
