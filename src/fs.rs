@@ -135,7 +135,7 @@ pub struct Handle {
     source: Option<SourceFile>,
     writable: bool,
     passthrough: Option<Arc<BackingId>>,
-    /// Opened with `FOPEN_DIRECT_IO` (`CachingFs::opens_direct`).
+    /// Opened with `FOPEN_DIRECT_IO` (`fs/open.rs`, `opens_direct`).
     direct: bool,
     /// Sequential detection and the short-path hint.
     fetch: HandleFetch,

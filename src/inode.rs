@@ -417,20 +417,10 @@ impl<F> Inode<F> {
             && self.pages_held_back.swap(false, Ordering::SeqCst)
     }
 
-    /// Whether page-cache writers are open (pages must not be dropped now: an open keeps
-    /// them, and holds its drop back, `hold_back_pages`).
+    /// Whether page-cache writers are open: pages must not be dropped now, so an open
+    /// keeps them (its notice, if any, is held back by the invalidation thread).
     pub fn has_page_cache_writers(&self) -> bool {
         self.page_cache_writers.load(Ordering::SeqCst) > 0
-    }
-
-    /// A drop of the kernel's pages is wanted while page-cache writers are open: the last
-    /// of them to close sends it.
-    pub fn hold_back_pages(&self) {
-        self.pages_held_back.store(true, Ordering::SeqCst);
-        // The last writer may have closed just before: then nobody would.
-        if !self.has_page_cache_writers() && self.pages_held_back.swap(false, Ordering::SeqCst) {
-            self.content_changed();
-        }
     }
 
     /// For the invalidation thread, before it drops the node's pages: `false` if it must
@@ -451,6 +441,7 @@ impl<F> Inode<F> {
         false
     }
 
+    /// The page invalidation begun by `begin_page_invalidation` was sent.
     pub fn end_page_invalidation(&self) {
         self.invalidating_pages.store(false, Ordering::SeqCst);
     }

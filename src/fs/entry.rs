@@ -42,7 +42,7 @@ pub(super) enum OpenKind {
     /// writer, which keeps the node from holding an old version apart).
     Daemon { writes_source: bool },
     /// Served by the daemon with the kernel's page cache bypassed (`FOPEN_DIRECT_IO`,
-    /// `CachingFs::opens_direct`); counted among the daemon's opens too.
+    /// `fs/open.rs`, `opens_direct`); counted among the daemon's opens too.
     Direct { writes_source: bool },
 }
 

@@ -483,7 +483,6 @@ impl CachingFs {
         if !keep_cache && (!self.kernel_opens() || inode.kernel_open_pages()) {
             self.coherence.notify(Notice::Inode(id));
         }
-
         let was_complete = guard.as_ref().unwrap().complete() && keep_cache;
         if flags & libc::O_ACCMODE == libc::O_RDONLY {
             // The next files of its directory, ahead of a reader going through them: fetched
