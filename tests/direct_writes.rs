@@ -33,37 +33,15 @@ fn a_lone_write_only_open_bypasses_the_page_cache_and_the_opens_beside_it_do_too
     assert_eq!(&buf, b"written directly");
     // Its shared mappings are refused (the kernel's page cache would hold them), as the
     // README says; private ones work.
-    // SAFETY: plain mmap calls on a descriptor this test owns; the mappings are unmapped.
-    unsafe {
-        let shared = libc::mmap(
-            std::ptr::null_mut(),
-            16,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            r.as_raw_fd(),
-            0,
-        );
-        assert_eq!(shared, libc::MAP_FAILED);
-        assert_eq!(
-            std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::ENODEV)
-        );
-        let private = libc::mmap(
-            std::ptr::null_mut(),
-            16,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE,
-            r.as_raw_fd(),
-            0,
-        );
-        assert_ne!(private, libc::MAP_FAILED);
-        assert_eq!(
-            std::slice::from_raw_parts(private as *const u8, 16),
-            b"written directly"
-        );
-        libc::munmap(private, 16);
-    }
-    drop((w, r));
+    let shared = Mapping::new(&r, 16, libc::MAP_SHARED);
+    assert_eq!(
+        shared.err().and_then(|e| e.raw_os_error()),
+        Some(libc::ENODEV)
+    );
+    let private = Mapping::new(&r, 16, libc::MAP_PRIVATE).unwrap();
+    assert_eq!(private.bytes(), b"written directly");
+    // (A mapping holds its file: the release comes after the unmap.)
+    drop((w, r, private));
     released(&t);
     // A handle open for reading and writing is not direct, nor a writer opened beside
     // another handle.
@@ -112,23 +90,9 @@ fn a_mapping_left_by_a_closed_reader_sees_a_later_lone_writers_bytes() {
     let t = TestMount::new(&["--no-passthrough"]);
     fs::write(t.s("f"), b"old bytes").unwrap();
     let r = fs::File::open(t.m("f")).unwrap();
-    // SAFETY: a read-only shared mapping of 9 bytes of a file this test owns, read and
-    // unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            9,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            r.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(map, libc::MAP_FAILED);
+    let map = Mapping::new(&r, 9, libc::MAP_SHARED).unwrap();
     drop(r);
-    // SAFETY: the mapping above, 9 bytes long.
-    let mapped = || unsafe { std::slice::from_raw_parts(map as *const u8, 9).to_vec() };
-    assert_eq!(mapped(), b"old bytes");
+    assert_eq!(map.bytes(), b"old bytes");
     let before = direct_opens(&t);
     let w = fs::OpenOptions::new().write(true).open(t.m("f")).unwrap();
     assert_eq!(
@@ -137,9 +101,48 @@ fn a_mapping_left_by_a_closed_reader_sees_a_later_lone_writers_bytes() {
         "not direct: the file's pages are mapped"
     );
     w.write_all_at(b"new", 0).unwrap();
-    assert_eq!(mapped(), b"new bytes");
-    // SAFETY: the mapping above.
-    unsafe { libc::munmap(map, 9) };
+    assert_eq!(map.bytes(), b"new bytes");
+}
+
+/// A read-only mapping of the first `len` bytes of a file, unmapped when dropped.
+struct Mapping {
+    at: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    /// `kind`: `MAP_SHARED` or `MAP_PRIVATE`.
+    fn new(file: &fs::File, len: usize, kind: i32) -> std::io::Result<Mapping> {
+        // SAFETY: a new read-only mapping of an open descriptor; nothing else uses its
+        // address range.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                kind,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping { at, len })
+    }
+
+    /// What the mapping shows now.
+    fn bytes(&self) -> Vec<u8> {
+        // SAFETY: `len` readable bytes at `at`, mapped until `drop`.
+        unsafe { std::slice::from_raw_parts(self.at as *const u8, self.len).to_vec() }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, unmapped once.
+        unsafe { libc::munmap(self.at, self.len) };
+    }
 }
 
 /// How long each race runs: 3 s in `cargo test`; `HOARDFS_RACE_SECS=600 cargo test

@@ -98,31 +98,9 @@ impl CachingFs {
                 state.path_fd = path_fd.map(Arc::new);
                 *guard = Some(Box::new(state));
             }
-            let state = guard.as_mut().unwrap();
-            // (With kernel opens, the kernel opens files without telling the daemon: it
-            // could not know of the handles opened beside a direct writer.)
-            let direct =
-                !self.kernel_opens() && opens_direct(state, inode.had_page_cache_readers(), flags);
-            if writable && !direct {
-                inode.page_cache_writer_opened();
-            }
-            state.opened(if direct {
-                OpenKind::Direct {
-                    writes_source: writable,
-                }
-            } else {
-                if flags & libc::O_ACCMODE != libc::O_WRONLY {
-                    inode.hand_out_page_cache_reader();
-                }
-                OpenKind::Daemon {
-                    writes_source: writable,
-                }
-            });
-            direct
+            self.count_daemon_open(&inode, guard.as_mut().unwrap(), flags)
         };
-        if direct {
-            Stats::add(&self.stats.cache.direct_opens, 1);
-        } else if writable {
+        if writable && !direct {
             inode.wait_for_page_invalidation();
         }
         let fh = self.new_fh();
@@ -610,6 +588,31 @@ impl CachingFs {
         self.finish_open(&inode, guard, flags, source, keep_cache, make_backing)
     }
 
+    /// Counts an open the daemon serves among `state`'s (under the file's lock) and returns
+    /// whether it bypasses the kernel's page cache (`opens_direct`); one that does not is
+    /// counted on the node as a reader or a writer through that cache (a writer must then
+    /// `wait_for_page_invalidation`, without the lock). With kernel opens none is direct:
+    /// the kernel opens files without telling the daemon, which could not know of the
+    /// handles opened beside a direct writer.
+    fn count_daemon_open(&self, inode: &Inode, state: &mut FileState, flags: i32) -> bool {
+        let writes_source = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let direct =
+            !self.kernel_opens() && opens_direct(state, inode.had_page_cache_readers(), flags);
+        if direct {
+            state.opened(OpenKind::Direct { writes_source });
+            Stats::add(&self.stats.cache.direct_opens, 1);
+            return true;
+        }
+        state.opened(OpenKind::Daemon { writes_source });
+        if flags & libc::O_ACCMODE != libc::O_WRONLY {
+            inode.hand_out_page_cache_reader();
+        }
+        if writes_source {
+            inode.page_cache_writer_opened();
+        }
+        false
+    }
+
     /// After an open for reading where nothing is watched: a look (`st`, taken at
     /// `looked_at`) that found the cached copy whole and of the version it shows answers
     /// later opens for `--open-lease` (`coherence::OpenLease`). A lease that answered this
@@ -682,27 +685,16 @@ impl CachingFs {
             };
             backing = b;
         }
-        let direct = backing.is_none()
-            && !self.kernel_opens()
-            && opens_direct(state, inode.had_page_cache_readers(), flags);
+        let mut direct = false;
         let mut fopen = if backing.is_some() {
             state.opened(OpenKind::Passthrough);
             Stats::add(&self.stats.cache.passthrough_opens, 1);
             FopenFlags::FOPEN_PASSTHROUGH
-        } else if direct {
-            state.opened(OpenKind::Direct {
-                writes_source: writable,
-            });
-            Stats::add(&self.stats.cache.direct_opens, 1);
-            FopenFlags::FOPEN_DIRECT_IO
         } else {
-            state.opened(OpenKind::Daemon {
-                writes_source: writable,
-            });
-            if flags & libc::O_ACCMODE != libc::O_WRONLY {
-                inode.hand_out_page_cache_reader();
-            }
-            if keep_cache {
+            direct = self.count_daemon_open(inode, state, flags);
+            if direct {
+                FopenFlags::FOPEN_DIRECT_IO
+            } else if keep_cache {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
                 FopenFlags::empty()
@@ -711,12 +703,8 @@ impl CachingFs {
         let size = state.record().identity.size;
         // Under the file's lock, so that an open deciding after this one knows of it.
         inode.hand_out();
-        let page_cache_writer = writable && !direct;
-        if page_cache_writer {
-            inode.page_cache_writer_opened();
-        }
         drop(guard);
-        if page_cache_writer {
+        if writable && !direct {
             inode.wait_for_page_invalidation();
         }
         // The kernel cuts reads through its page cache at the size it holds (it asks again
