@@ -89,6 +89,9 @@ pub struct FileState {
     /// Handles opened with the kernel's page cache bypassed (counted in `daemon_opens`
     /// too): while any is open, every other open of the file bypasses it as well.
     direct: u32,
+    /// A handle able to read (and so to map the file) was among the direct ones since
+    /// none was open: a private mapping of it fills kernel pages the direct writes bypass.
+    direct_readers: bool,
     /// Opens waiting for a whole-file fetch (not counted in the opens yet).
     opening: u32,
     pub(super) backing: Weak<BackingId>,
@@ -136,6 +139,7 @@ impl FileState {
             passthrough_opens: 0,
             writers: 0,
             direct: 0,
+            direct_readers: false,
             opening: 0,
             backing: Weak::new(),
             unsynced: 0,
@@ -253,6 +257,17 @@ impl FileState {
     /// Handles open with the kernel's page cache bypassed.
     pub(super) fn direct_opens(&self) -> u32 {
         self.direct
+    }
+
+    /// A direct handle able to read was opened.
+    pub(super) fn direct_reader_opened(&mut self) {
+        self.direct_readers = true;
+    }
+
+    /// After a direct handle closed: whether it was the last, and a handle able to read
+    /// was among them (answered once): pages a private mapping filled may be old.
+    pub(super) fn direct_readers_done(&mut self) -> bool {
+        self.direct == 0 && std::mem::take(&mut self.direct_readers)
     }
 
     /// An open waits for a whole-file fetch (the state must stay loaded meanwhile), until

@@ -600,6 +600,9 @@ impl CachingFs {
             !self.kernel_opens() && opens_direct(state, inode.had_page_cache_readers(), flags);
         if direct {
             state.opened(OpenKind::Direct { writes_source });
+            if flags & libc::O_ACCMODE != libc::O_WRONLY {
+                state.direct_reader_opened();
+            }
             Stats::add(&self.stats.cache.direct_opens, 1);
             return true;
         }
@@ -800,16 +803,20 @@ mod tests {
         s.opened(OpenKind::Direct {
             writes_source: false,
         });
+        s.direct_reader_opened();
         assert_eq!((s.daemon_opens(), s.writers(), s.direct_opens()), (2, 1, 2));
         s.closed(OpenKind::Direct {
             writes_source: true,
         });
+        assert!(!s.direct_readers_done(), "a direct handle is still open");
         // The reader beside it is still direct: so is the next open, writers included.
         assert!(opens_direct(&s, false, rd) && !opens_direct(&s, false, wr));
         s.closed(OpenKind::Direct {
             writes_source: false,
         });
         assert!(s.is_closed() && s.direct_opens() == 0);
+        // The reader's pages are old now, once.
+        assert!(s.direct_readers_done() && !s.direct_readers_done());
         // A writer beside a reader that uses the page cache, or a passthrough one: not.
         for kind in [
             OpenKind::Daemon {

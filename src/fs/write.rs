@@ -131,7 +131,7 @@ impl CachingFs {
             state.closed(h.open_kind());
             // A private mapping of a handle opened beside a direct writer fills the
             // kernel's pages, which the writes then bypassed: none is kept by later opens.
-            if h.direct && state.direct_opens() == 0 {
+            if h.direct && state.direct_readers_done() {
                 h.inode.content_changed();
             }
         }
