@@ -746,6 +746,24 @@ impl CachingFs {
             .remove_entry_later(rel, Box::new(move |removed| usage.removed(removed)));
     }
 
+    /// `uncache_later` for a name the watcher saw gone from the source: by the time the
+    /// removal is done a file may have been made under it again (through the mount, whose
+    /// create makes its cache entry after the source's file), so the source is asked again
+    /// then, and an entry is removed only while the name is still gone.
+    fn uncache_later_while_gone(&self, rel: &Path) {
+        let usage = self.usage.clone();
+        let source = self.source.clone();
+        let path = rel.to_path_buf();
+        let still_gone = Box::new(
+            move || matches!(source.stat(&path), Err(e) if e.raw_os_error() == Some(libc::ENOENT)),
+        );
+        self.cache.remove_entry_later_if(
+            rel,
+            still_gone,
+            Box::new(move |removed| usage.removed(removed)),
+        );
+    }
+
     /// Removes whatever the cache holds for `rel` (`CacheStore::remove_entry`), counting
     /// what that frees.
     fn uncache(&self, rel: &Path) -> io::Result<()> {

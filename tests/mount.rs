@@ -414,7 +414,9 @@ fn readers_close_without_a_flush_and_their_locks_still_go() {
     assert!(!source_unlocked(&t));
     let before = flushes(&t);
     drop(fs::File::open(t.m("lockme")).unwrap());
-    assert_eq!(flushes(&t), before + 1);
+    // At least one: `w` may send more. Another test's fork duplicates every descriptor of
+    // this process, and the child's close of its copy (at exec) is a close of `w` too.
+    assert!(flushes(&t) > before, "the reader closed without a FLUSH");
     assert!(
         source_unlocked(&t),
         "closing another descriptor kept the lock"

@@ -38,6 +38,26 @@ const BACKLOG: usize = 4096;
 /// What is told what a removal removed (the cleaner's usage).
 pub type Report = Box<dyn FnOnce(Removed) + Send>;
 
+/// Asked when a removal is done, for one asked on a finding that may be old by then (the
+/// watcher saw the source's name gone, and a file may have been made under it since):
+/// is it still due? Asked again at that moment, in the order `settle` keeps, so that an
+/// entry made after the name came back is never removed by it.
+pub type StillDue = Box<dyn Fn() -> bool + Send>;
+
+/// A queued removal: what to tell, and (for a conditional one) when it is still due.
+struct Queued {
+    report: Report,
+    still_due: Option<StillDue>,
+}
+
+impl Queued {
+    fn run(self, shared: &Shared, path: &Path) {
+        if self.still_due.as_ref().is_none_or(|due| due()) {
+            (self.report)((shared.remove_now)(path));
+        }
+    }
+}
+
 /// Removes one entry (a file's record and data, or a directory's subtree) now.
 type RemoveNow = Box<dyn Fn(&Path) -> Removed + Send + Sync>;
 
@@ -68,7 +88,7 @@ struct Queue {
     /// Paths in the order asked; a path no longer in `queued` was settled already.
     order: VecDeque<PathBuf>,
     /// Ordered by component, so that a path's descendants follow it in one run.
-    queued: BTreeMap<PathBuf, Report>,
+    queued: BTreeMap<PathBuf, Queued>,
     /// The path the worker is removing now, without the lock.
     in_flight: Option<PathBuf>,
     stop: bool,
@@ -116,22 +136,41 @@ impl Removals {
 
     /// Removes the entry of `rel` soon; `report` is told what it held.
     pub fn remove_later(&self, rel: &Path, report: Report) {
+        self.queue(rel, report, None);
+    }
+
+    /// Removes the entry of `rel` soon if, when that is done, `still_due` says it still is;
+    /// `report` is told what it held, if it was removed.
+    pub fn remove_later_if(&self, rel: &Path, still_due: StillDue, report: Report) {
+        self.queue(rel, report, Some(still_due));
+    }
+
+    fn queue(&self, rel: &Path, report: Report, still_due: Option<StillDue>) {
         let shared = &*self.shared;
         let mut q = shared.queue.lock().unwrap();
-        if q.queued.contains_key(rel) {
-            // Still queued: nothing was made there since, and that removal will do.
+        if let Some(queued) = q.queued.get_mut(rel) {
+            // Still queued: nothing was made there since, and that removal will do; it
+            // stays conditional only if both are.
+            if still_due.is_none() {
+                queued.still_due = None;
+            }
             return;
         }
+        let removal = Queued { report, still_due };
         if self.worker.is_none() || q.queued.len() >= BACKLOG {
             // Done now: removals queued for its ancestors or descendants remove the same
-            // or more, and nothing there is made meanwhile (no one settles it).
-            drop(q);
-            report((shared.remove_now)(rel));
+            // or more, and nothing there is made meanwhile (no one settles it). A
+            // conditional one under the lock, as the worker's is done while settling
+            // waits: whoever makes an entry there must come after its answer.
+            if removal.still_due.is_none() {
+                drop(q);
+            }
+            removal.run(shared, rel);
             return;
         }
         shared.pending.fetch_add(1, Ordering::SeqCst);
         q.order.push_back(rel.to_path_buf());
-        q.queued.insert(rel.to_path_buf(), report);
+        q.queued.insert(rel.to_path_buf(), removal);
         shared.changed.notify_all();
     }
 
@@ -179,8 +218,8 @@ impl Removals {
 }
 
 fn remove_queued(shared: &Shared, q: &mut MutexGuard<'_, Queue>, path: &Path) {
-    if let Some(report) = q.queued.remove(path) {
-        report((shared.remove_now)(path));
+    if let Some(removal) = q.queued.remove(path) {
+        removal.run(shared, path);
         shared.pending.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -196,12 +235,12 @@ fn work(shared: &Shared) {
             q = shared.changed.wait(q).unwrap();
             continue;
         };
-        let Some(report) = q.queued.remove(&path) else {
+        let Some(removal) = q.queued.remove(&path) else {
             continue; // settled by an operation on it
         };
         q.in_flight = Some(path.clone());
         drop(q);
-        report((shared.remove_now)(&path));
+        removal.run(shared, &path);
         q = shared.queue.lock().unwrap();
         q.in_flight = None;
         shared.pending.fetch_sub(1, Ordering::SeqCst);
@@ -419,6 +458,66 @@ mod tests {
                     "round {i}"
                 );
                 r.remove_later(path, Box::new(|_| {}));
+            }
+        };
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let r = &r;
+                s.spawn(move || writer(r, &format!("f{t}"), 2000));
+            }
+        });
+        r.settle_all();
+        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+    }
+
+    /// The watcher's removals are asked on a finding (the source's name gone) that may be
+    /// old by the time they are done: an entry made after the name came back (the mount's
+    /// create makes the source's file first, then its cache entry) must survive them,
+    /// however the worker and the settling are timed.
+    #[test]
+    fn a_removal_on_an_old_finding_never_removes_an_entry_made_since() {
+        use std::sync::atomic::AtomicBool;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let r = {
+            let root = root.clone();
+            Removals::start(Box::new(move |p: &Path| {
+                let _ = std::fs::remove_file(root.join(p));
+                Removed::default()
+            }))
+        };
+        let writer = |r: &Removals, name: &str, rounds: u32| {
+            let path = Path::new(name);
+            let in_source = Arc::new(AtomicBool::new(false));
+            for i in 0..rounds {
+                // Created through the mount: the source's file, then the cache entry.
+                in_source.store(true, Ordering::SeqCst);
+                r.settle(path, Scope::Entry);
+                std::fs::write(root.join(path), format!("new {i}")).unwrap();
+                // The watcher's removal, from the unlink of the round before.
+                let s = in_source.clone();
+                r.remove_later_if(
+                    path,
+                    Box::new(move || !s.load(Ordering::SeqCst)),
+                    Box::new(|_| {}),
+                );
+                std::thread::yield_now();
+                r.settle(path, Scope::Entry);
+                assert_eq!(
+                    std::fs::read_to_string(root.join(path)).ok(),
+                    Some(format!("new {i}")),
+                    "round {i}: the entry made since is gone"
+                );
+                // Unlinked through the mount: the source's name, then the entry, later.
+                in_source.store(false, Ordering::SeqCst);
+                r.remove_later(path, Box::new(|_| {}));
+                // A conditional removal beside it changes nothing: the name is gone.
+                let s = in_source.clone();
+                r.remove_later_if(
+                    path,
+                    Box::new(move || !s.load(Ordering::SeqCst)),
+                    Box::new(|_| {}),
+                );
             }
         };
         std::thread::scope(|s| {

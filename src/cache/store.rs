@@ -21,7 +21,7 @@ pub use super::files::{
     scratch_file, write_record, write_record_unless_same,
 };
 pub use super::removals::remove_tree;
-use super::removals::{Removals, Report, Scope, remove_entry, remove_now};
+use super::removals::{Removals, Report, Scope, StillDue, remove_entry, remove_now};
 use super::warm::Warmer;
 use crate::source::{BeneathRoot, Stat, cvt, fstat};
 
@@ -370,6 +370,12 @@ impl CacheStore {
     /// (`removals.rs`): every operation of the store on that name waits for it.
     pub fn remove_entry_later(&self, rel: &Path, report: Report) {
         self.removals.remove_later(rel, report);
+    }
+
+    /// `remove_entry_later` for a removal asked on a finding that may be old when it is
+    /// done: done only if `still_due` says so then (`removals::StillDue`).
+    pub fn remove_entry_later_if(&self, rel: &Path, still_due: StillDue, report: Report) {
+        self.removals.remove_later_if(rel, still_due, report);
     }
 
     /// Removes whatever the cache holds for `rel` (file or directory subtree).

@@ -127,8 +127,9 @@ impl CachingFs {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     // Gone from the source: so is its cached copy (an open file keeps its
                     // cache files through its descriptors). Queued, as the mount's own
-                    // unlinks are: most such events are theirs, already queued.
-                    self.uncache_later(path);
+                    // unlinks are: most such events are theirs, already queued. This
+                    // finding may be old when the removal is done: asked again then.
+                    self.uncache_later_while_gone(path);
                 }
                 Err(_) => {}
                 Ok(st) => {
