@@ -54,6 +54,7 @@ mod offline;
 mod open;
 mod reintegrate;
 mod state;
+mod waiting_opens;
 mod write;
 pub use changes::spawn_coherence_threads;
 pub use commit::spawn_committer;
@@ -283,6 +284,9 @@ pub struct CachingFs {
     /// Blocking lock requests and the pool of threads that waits for them
     /// (`fs/lock_waits.rs`).
     lock_waits: lock_waits::LockWaits,
+    /// Writers' opens that wait for passthrough readers' releases, off the request
+    /// threads (`fs/waiting_opens.rs`).
+    waiting_opens: waiting_opens::WaitingOpens,
 }
 
 fn kind_of(mode: u32) -> FileType {
@@ -430,6 +434,7 @@ impl CachingFs {
             offline_edits: Mutex::new(()),
             commits: Default::default(),
             lock_waits: Default::default(),
+            waiting_opens: Default::default(),
             cfg,
         })
     }

@@ -84,6 +84,13 @@ impl FuseAdapter {
         }
     }
 
+    fn opened(reply: ReplyOpen, o: crate::fs::Opened) {
+        match &o.backing {
+            Some(b) => reply.opened_passthrough(FileHandle(o.fh), o.flags, b),
+            None => reply.opened(FileHandle(o.fh), o.flags),
+        }
+    }
+
     fn empty(call: &Call, reply: ReplyEmpty, r: crate::fs::Result<()>) {
         match r {
             Ok(()) => reply.ok(),
@@ -325,14 +332,21 @@ impl Filesystem for FuseAdapter {
             // From this answer on the kernel opens files itself (`fs/kernel_opens.rs`).
             return reply.error(Errno::ENOSYS);
         }
-        let r = self
-            .fs
-            .open(ino.0, flags.0, req.pid(), &|f| reply.open_backing(f));
-        match r {
-            Ok(o) => match &o.backing {
-                Some(b) => reply.opened_passthrough(FileHandle(o.fh), o.flags, b),
-                None => reply.opened(FileHandle(o.fh), o.flags),
-            },
+        let pid = req.pid();
+        if self.fs.open_would_wait(ino.0, flags.0) {
+            // It waits for releases, which this thread may be the one to read
+            // (`fs/waiting_opens.rs`).
+            let fs = self.fs.clone();
+            return self.fs.open_off_request_thread(Box::new(move || {
+                let r = fs.open(ino.0, flags.0, pid, &|f| reply.open_backing(f));
+                match r {
+                    Ok(o) => Self::opened(reply, o),
+                    Err(e) => reply.error(failed_elsewhere(&fs.stats, Op::Open, e)),
+                }
+            }));
+        }
+        match (self.fs).open(ino.0, flags.0, pid, &|f| reply.open_backing(f)) {
+            Ok(o) => Self::opened(reply, o),
             Err(e) => reply.error(call.fail(e)),
         }
     }

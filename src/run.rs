@@ -355,6 +355,7 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
     let done = |step: &str| tracing::debug!(step, since_end = ?ended.elapsed(), "stopped");
     // 1. Requests.
     fs.stop_lock_waits(deadline());
+    fs.stop_waiting_opens(deadline());
     socket.stop(deadline());
     if let Some(m) = &metrics {
         m.stop_and_join(deadline());

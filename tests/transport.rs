@@ -145,3 +145,37 @@ fn requests_come_over_io_uring_where_the_kernel_allows_it_and_both_transports_se
         }
     }
 }
+
+/// A writer's open waits for the passthrough readers of its file to be released (the
+/// kernel takes no other open beside them). Over io_uring that release may be handed to
+/// the very thread the open waits on, which then read it only after the wait had run out
+/// (`ETXTBSY` after 500 ms): such opens are answered from other threads
+/// (`fs/waiting_opens.rs`). Three threads write and read back a few shared files, so that
+/// writers keep meeting readers just closed; no open may fail.
+#[test]
+fn writers_opened_as_readers_of_their_file_close_never_fail() {
+    for args in [&[][..], &["--fuse-ring", "off"][..]] {
+        let m = TestMount::new(args);
+        let busy = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for t in 0..3 {
+                let (m, busy) = (&m, &busy);
+                scope.spawn(move || {
+                    for i in 0..1500 {
+                        let path = m.m(&format!("f{}", (i + t) % 8));
+                        let bytes = content(t, i, 100);
+                        for r in [fs::write(&path, &bytes), fs::read(&path).map(drop)] {
+                            match r {
+                                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                                    busy.fetch_add(1, SeqCst);
+                                }
+                                r => r.unwrap(),
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(busy.load(SeqCst), 0, "{args:?}: opens failed with ETXTBSY");
+    }
+}
