@@ -333,20 +333,20 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOSYS);
         }
         let pid = req.pid();
-        if self.fs.open_would_wait(ino.0, flags.0) {
-            // It waits for releases, which this thread may be the one to read
-            // (`fs/waiting_opens.rs`).
-            let fs = self.fs.clone();
-            return self.fs.open_off_request_thread(Box::new(move || {
-                let r = fs.open(ino.0, flags.0, pid, &|f| reply.open_backing(f));
-                match r {
-                    Ok(o) => Self::opened(reply, o),
-                    Err(e) => reply.error(failed_elsewhere(&fs.stats, Op::Open, e)),
-                }
-            }));
-        }
-        match (self.fs).open(ino.0, flags.0, pid, &|f| reply.open_backing(f)) {
+        match (self.fs).open_at_once(ino.0, flags.0, pid, &|f| reply.open_backing(f)) {
             Ok(o) => Self::opened(reply, o),
+            // Perhaps a writer that must wait for the releases of its file's passthrough
+            // readers, which this thread may be the one to read: opened again where it
+            // may wait (`fs/waiting_opens.rs`).
+            Err(Errno::ETXTBSY) if flags.0 & libc::O_ACCMODE != libc::O_RDONLY => {
+                let fs = self.fs.clone();
+                self.fs.open_off_request_thread(Box::new(move || {
+                    match fs.open(ino.0, flags.0, pid, &|f| reply.open_backing(f)) {
+                        Ok(o) => Self::opened(reply, o),
+                        Err(e) => reply.error(failed_elsewhere(&fs.stats, Op::Open, e)),
+                    }
+                }));
+            }
             Err(e) => reply.error(call.fail(e)),
         }
     }

@@ -105,7 +105,13 @@ impl CachingFs {
             return op(fh);
         }
         let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
-        let opened = self.open_node(id, flags & keep, None, &no_backing)?;
+        let opened = self.open_node(
+            id,
+            flags & keep,
+            None,
+            &no_backing,
+            super::open::PASSTHROUGH_RELEASE_WAIT,
+        )?;
         let r = op(opened.fh);
         if let Ok(inode) = self.inode(id) {
             inode.served_kernel_open();
@@ -154,8 +160,22 @@ impl CachingFs {
             return;
         }
         let opened = self
-            .open_node(inode.id, libc::O_RDWR, None, &no_backing)
-            .or_else(|_| self.open_node(inode.id, libc::O_RDONLY, None, &no_backing));
+            .open_node(
+                inode.id,
+                libc::O_RDWR,
+                None,
+                &no_backing,
+                super::open::PASSTHROUGH_RELEASE_WAIT,
+            )
+            .or_else(|_| {
+                self.open_node(
+                    inode.id,
+                    libc::O_RDONLY,
+                    None,
+                    &no_backing,
+                    super::open::PASSTHROUGH_RELEASE_WAIT,
+                )
+            });
         match opened {
             Ok(o) => {
                 let earlier = kept.lock().unwrap().insert(inode.id, o.fh);

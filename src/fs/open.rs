@@ -33,7 +33,7 @@ const OWN_CHANGE_TRIES: u32 = 50;
 const ESTALE_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a writer waits for passthrough readers whose release is still on its way.
-const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
+pub(super) const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
 
 impl CachingFs {
     pub fn create(
@@ -147,6 +147,30 @@ impl CachingFs {
         pid: u32,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Result<Opened> {
+        self.open_waiting(id, flags, pid, make_backing, PASSTHROUGH_RELEASE_WAIT)
+    }
+
+    /// `open` without waiting for the releases of the file's passthrough readers: a
+    /// writer that would wait for them fails with `ETXTBSY` at once, to be opened again
+    /// with `open` where waiting holds up no request (`fs/waiting_opens.rs`).
+    pub fn open_at_once(
+        &self,
+        id: u64,
+        flags: i32,
+        pid: u32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        self.open_waiting(id, flags, pid, make_backing, Duration::ZERO)
+    }
+
+    fn open_waiting(
+        &self,
+        id: u64,
+        flags: i32,
+        pid: u32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+        release_wait: Duration,
+    ) -> Result<Opened> {
         // The kernel retries an open that failed with ESTALE once, at once, after looking
         // the name up again (`do_filp_open`), and the thread waits in that one syscall
         // meanwhile: when this thread's previous open answered ESTALE moments ago, this is
@@ -156,21 +180,30 @@ impl CachingFs {
             told.retain(|_, at| at.elapsed() < ESTALE_RETRY);
             told.remove(&pid)
         };
-        let r = self.open_node(id, flags, first_estale, make_backing);
-        if first_estale.is_none() && matches!(r, Err(e) if e == Errno::ESTALE) {
-            self.estale_told.lock().unwrap().insert(pid, Instant::now());
+        let r = self.open_node(id, flags, first_estale, make_backing, release_wait);
+        match (&r, first_estale) {
+            (Err(e), None) if *e == Errno::ESTALE => {
+                self.estale_told.lock().unwrap().insert(pid, Instant::now());
+            }
+            // Not waited for: the open comes again, and is still the kernel's retry.
+            (Err(e), Some(at)) if *e == Errno::ETXTBSY && release_wait.is_zero() => {
+                self.estale_told.lock().unwrap().insert(pid, at);
+            }
+            _ => {}
         }
         r
     }
 
     /// `open`; `first_estale`: when this thread's previous open, of which this one is the
-    /// kernel's retry, answered ESTALE.
+    /// kernel's retry, answered ESTALE; `release_wait`: how long a writer waits for the
+    /// releases of the file's passthrough readers before it fails with `ETXTBSY`.
     pub(super) fn open_node(
         &self,
         id: u64,
         flags: i32,
         first_estale: Option<Instant>,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+        release_wait: Duration,
     ) -> Result<Opened> {
         let inode = self.inode(id)?;
         if inode.is_retired() {
@@ -193,7 +226,14 @@ impl CachingFs {
         if !self.online() {
             return offline();
         }
-        match self.open_online(&inode, &path, flags, first_estale, make_backing) {
+        match self.open_online(
+            &inode,
+            &path,
+            flags,
+            first_estale,
+            make_backing,
+            release_wait,
+        ) {
             Err(_) if !self.online() => offline(),
             r => r,
         }
@@ -253,6 +293,7 @@ impl CachingFs {
         flags: i32,
         first_estale: Option<Instant>,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+        release_wait: Duration,
     ) -> Result<Opened> {
         let (inode, path) = (inode.clone(), path.to_path_buf());
         let id = inode.id;
@@ -476,9 +517,9 @@ impl CachingFs {
         if writable {
             // The kernel refuses a non-passthrough open while passthrough opens exist, and
             // passthrough writes would bypass the source. Wait for releases in flight.
-            let deadline = Instant::now() + PASSTHROUGH_RELEASE_WAIT;
+            let deadline = Instant::now() + release_wait;
             while guard.as_ref().unwrap().passthrough_opens() > 0 {
-                if Instant::now() > deadline {
+                if Instant::now() >= deadline {
                     self.release_if_unused(&inode, &mut guard);
                     return Err(Errno::ETXTBSY);
                 }

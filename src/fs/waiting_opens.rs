@@ -7,7 +7,8 @@
 //! wait has run out, and the writer got `ETXTBSY` after 500 ms. That happened under load,
 //! for a write right after a read of the same file (a fifth of a second per open in a
 //! read-then-write loop with two more writers beside, against nothing over `/dev/fuse`).
-//! So an open that would wait is answered from this pool: its thread may wait, and the
+//! So the request thread opens without waiting (`CachingFs::open_at_once`), and an open
+//! that would have waited is opened again on this pool: its thread may wait, and the
 //! request threads go on reading what the kernel sends, the awaited release among it.
 //!
 //! The pool is small: an open waits only until the readers' releases arrive (at most
@@ -93,16 +94,6 @@ fn worker(fs: Weak<CachingFs>) {
 }
 
 impl CachingFs {
-    /// Would an open of node `id` with `flags` wait for other handles' releases now? A
-    /// writer beside passthrough readers does (`open.rs`). (A reader opened between this
-    /// look and the open itself is waited for on the request thread, as before.)
-    pub fn open_would_wait(&self, id: u64, flags: i32) -> bool {
-        flags & libc::O_ACCMODE != libc::O_RDONLY
-            && self.inodes.get(id).is_some_and(|inode| {
-                (inode.file().as_ref()).is_some_and(|state| state.passthrough_opens() > 0)
-            })
-    }
-
     /// Runs `job` (an open and its reply) on the pool; on the caller's thread when the
     /// pool is stopped or full.
     pub fn open_off_request_thread(self: &Arc<Self>, job: Job) {
