@@ -150,20 +150,8 @@ impl CachingFs {
         self.open_waiting(id, flags, pid, make_backing, PASSTHROUGH_RELEASE_WAIT)
     }
 
-    /// `open` without waiting for the releases of the file's passthrough readers: a
-    /// writer that would wait for them fails with `ETXTBSY` at once, to be opened again
-    /// with `open` where waiting holds up no request (`fs/waiting_opens.rs`).
-    pub fn open_at_once(
-        &self,
-        id: u64,
-        flags: i32,
-        pid: u32,
-        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
-    ) -> Result<Opened> {
-        self.open_waiting(id, flags, pid, make_backing, Duration::ZERO)
-    }
-
-    fn open_waiting(
+    /// `open`; a writer waits at most `release_wait` for passthrough readers' releases.
+    pub(super) fn open_waiting(
         &self,
         id: u64,
         flags: i32,
@@ -181,15 +169,14 @@ impl CachingFs {
             told.remove(&pid)
         };
         let r = self.open_node(id, flags, first_estale, make_backing, release_wait);
-        match (&r, first_estale) {
-            (Err(e), None) if *e == Errno::ESTALE => {
-                self.estale_told.lock().unwrap().insert(pid, Instant::now());
-            }
-            // Not waited for: the open comes again, and is still the kernel's retry.
-            (Err(e), Some(at)) if *e == Errno::ETXTBSY && release_wait.is_zero() => {
-                self.estale_told.lock().unwrap().insert(pid, at);
-            }
-            _ => {}
+        // An open not waited for comes again, and is still the kernel's retry then.
+        let mark = match (&r, first_estale) {
+            (Err(e), None) if *e == Errno::ESTALE => Some(Instant::now()),
+            (Err(e), Some(at)) if *e == Errno::ETXTBSY && release_wait.is_zero() => Some(at),
+            _ => None,
+        };
+        if let Some(at) = mark {
+            self.estale_told.lock().unwrap().insert(pid, at);
         }
         r
     }

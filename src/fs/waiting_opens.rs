@@ -16,10 +16,14 @@
 //! after unmount, wait on their request thread as before.
 
 use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::CachingFs;
+use fuser::BackingId;
+
+use super::{CachingFs, Opened, Result};
 use crate::threads::Threads;
 
 const THREADS: usize = 2;
@@ -94,6 +98,19 @@ fn worker(fs: Weak<CachingFs>) {
 }
 
 impl CachingFs {
+    /// `open` without waiting for the releases of the file's passthrough readers: a
+    /// writer that would wait for them fails with `ETXTBSY` at once, to be opened again
+    /// with `open` where waiting holds up no request.
+    pub fn open_at_once(
+        &self,
+        id: u64,
+        flags: i32,
+        pid: u32,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Result<Opened> {
+        self.open_waiting(id, flags, pid, make_backing, Duration::ZERO)
+    }
+
     /// Runs `job` (an open and its reply) on the pool; on the caller's thread when the
     /// pool is stopped or full.
     pub fn open_off_request_thread(self: &Arc<Self>, job: Job) {
