@@ -76,6 +76,9 @@ pub struct Counters {
     /// Opens that made the kernel drop a node's attributes before their reply
     /// (`drop_kernel_attrs`).
     pub attr_drops: AtomicU64,
+    /// Listings that made the kernel drop the directory's cached listing before their
+    /// last reply (`drop_kernel_listing`).
+    pub listing_drops: AtomicU64,
     pub leases_granted: AtomicU64,
     pub leases_expired: AtomicU64,
     pub changes_detected: AtomicU64,
@@ -109,6 +112,9 @@ pub struct CoherenceSnapshot {
     /// Opens served by the daemon that first made the kernel drop a file's attributes: the
     /// size it held was not the size of the version they serve (`kernel_notify::AttrDropper`).
     pub attr_drops: u64,
+    /// Listings that ended after their directory changed, so made the kernel drop the
+    /// directory's cached listing before their last reply (`drop_kernel_listing`).
+    pub listing_drops: u64,
     pub leases_active: u64,
     pub leases_granted: u64,
     pub leases_expired: u64,
@@ -274,6 +280,17 @@ impl Coherence {
             self.counters.attr_drops.fetch_add(1, Relaxed);
             if let Err(e) = d.drop_attrs(id) {
                 tracing::debug!("dropping the kernel's attributes of {id}: {e}");
+            }
+        }
+    }
+
+    /// Makes the kernel drop directory `id`'s cached listing before this thread goes on
+    /// (`AttrDropper::drop_listing`: a request may call it before its reply).
+    pub fn drop_kernel_listing(&self, id: u64) {
+        if let Some(d) = self.attr_dropper.get() {
+            self.counters.listing_drops.fetch_add(1, Relaxed);
+            if let Err(e) = d.drop_listing(id) {
+                tracing::debug!("dropping the kernel's listing of {id}: {e}");
             }
         }
     }
@@ -464,6 +481,7 @@ impl Coherence {
             inval_inode: c.inval_inode.load(Relaxed),
             inval_entry: c.inval_entry.load(Relaxed),
             attr_drops: c.attr_drops.load(Relaxed),
+            listing_drops: c.listing_drops.load(Relaxed),
             leases_active: self.leases.len() as u64,
             leases_granted: c.leases_granted.load(Relaxed),
             leases_expired: c.leases_expired.load(Relaxed),

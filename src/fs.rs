@@ -204,6 +204,9 @@ pub struct DirList {
     pub entries: Vec<ListEntry>,
     /// The namespace generation (`offline::Listed`) before the listing was read.
     generation: u64,
+    /// The directory's callback breaks (changes of its names, through the mount or seen by
+    /// the watcher) before the listing was read (`CachingFs::listing`).
+    breaks: u64,
 }
 
 /// What one READDIR serves: `list`'s entries from `start`, entry `i` at offset

@@ -133,6 +133,19 @@ impl AttrDropper {
     }
 }
 
+impl AttrDropper {
+    /// The kernel drops directory `ino`'s cached listing (its pages) and attributes. A
+    /// directory's pages are locked only while entries are copied into or out of them,
+    /// never across a request, so this waits for no request either.
+    pub fn drop_listing(&self, ino: u64) -> io::Result<()> {
+        let msg = message(FUSE_NOTIFY_INVAL_INODE, &inval_inode_body(ino, 0));
+        match write_all(self.dev.as_fd(), &msg) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+}
+
 /// `fuse_notify_inval_inode_out`: the node, and the offset its page invalidation starts at
 /// (negative: none) with length 0 (to the end).
 fn inval_inode_body(ino: u64, offset: i64) -> Vec<u8> {

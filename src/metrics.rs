@@ -490,6 +490,12 @@ fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Res
             h.attr_drops,
         ),
         (
+            "hoardfs_kernel_listing_drops_total",
+            Counter,
+            "Listings that made the kernel drop a directory's cached listing before their end (it changed meanwhile).",
+            h.listing_drops,
+        ),
+        (
             "hoardfs_kernel_inval_entry_total",
             Counter,
             "Kernel notifications dropping names.",

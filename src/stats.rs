@@ -452,6 +452,7 @@ impl Snapshot {
             ("inval_inode", h.inval_inode),
             ("inval_entry", h.inval_entry),
             ("attr_drops", h.attr_drops),
+            ("listing_drops", h.listing_drops),
             ("leases_active", h.leases_active),
             ("leases_granted", h.leases_granted),
             ("leases_expired", h.leases_expired),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use fuser::{Errno, FileAttr, FileType};
+use fuser::{Errno, FileAttr, FileType, FopenFlags};
 
 use super::{
     CachingFs, DirList, Inode, ListEntry, Listing, Result, attr_of, attr_told, child, errno,
@@ -49,6 +49,7 @@ impl CachingFs {
         let generation = self.namespace_generation();
         let path = path.to_path_buf();
         let inode = self.inode(id)?;
+        let breaks = inode.callback_breaks();
         let held = inode
             .listing()
             .filter(|cb| self.coherence.listing_holds(cb, id));
@@ -96,6 +97,7 @@ impl CachingFs {
             fd,
             entries: list,
             generation,
+            breaks,
         })
     }
 
@@ -203,11 +205,38 @@ impl CachingFs {
         if fh == 0 {
             return self.kernel_listing(id, offset);
         }
+        let list = self.dir_entries(fh, offset)?;
+        if offset > 0 && offset as usize >= list.entries.len() {
+            self.listing_ends(&list);
+        }
         Ok(Listing {
-            list: self.dir_entries(fh, offset)?,
+            list,
             start: offset as usize,
             cookie: 0,
         })
+    }
+
+    /// A handle's listing ends (this READDIR returns nothing): on a directory whose
+    /// listing the kernel caches, it then marks the entries this handle added to its
+    /// cache as the whole listing, of the version it noted when the cache was begun. It
+    /// notes that version again whenever a reader finds the cache empty (`readdir.c`,
+    /// `fuse_readdir_cached`), and adds any reader's entries that come at the cache's end,
+    /// so a listing read before a change whose entries arrived after another reader began
+    /// the cache anew after that change would stand as the changed directory's. If the
+    /// directory changed since this listing was read, the kernel's cached listing is
+    /// dropped before the reply, and the next reader reads it anew.
+    fn listing_ends(&self, list: &DirList) {
+        let changed = self
+            .inodes
+            .get(list.dir_id)
+            .is_some_and(|dir| dir.callback_breaks() != list.breaks);
+        if changed
+            && self
+                .dir_open_flags(list.dir_id)
+                .contains(FopenFlags::FOPEN_CACHE_DIR)
+        {
+            self.coherence.drop_kernel_listing(list.dir_id);
+        }
     }
 
     pub fn releasedir(&self, fh: u64) {

@@ -391,6 +391,7 @@ impl CachingFs {
             fd: None,
             entries,
             generation: self.namespace_generation(),
+            breaks: self.inodes.get(id).map_or(0, |i| i.callback_breaks()),
         })
     }
 
