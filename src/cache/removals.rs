@@ -424,19 +424,23 @@ mod tests {
         assert_eq!(log.lock().unwrap().len(), 203);
     }
 
+    /// A queue whose removals remove files beneath a temporary directory.
+    fn files_removed_for_real() -> (tempfile::TempDir, Removals) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let r = Removals::start(Box::new(move |p: &Path| {
+            let _ = std::fs::remove_file(root.join(p));
+            Removed::default()
+        }));
+        (dir, r)
+    }
+
     /// The race the rule is for: an entry made right after a removal of its name was asked
     /// for (unlink then create) must survive that removal, however the worker is timed.
     #[test]
     fn an_entry_made_after_a_removal_was_asked_is_never_removed_by_it() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, r) = files_removed_for_real();
         let root = dir.path().to_path_buf();
-        let r = {
-            let root = root.clone();
-            Removals::start(Box::new(move |p: &Path| {
-                let _ = std::fs::remove_file(root.join(p));
-                Removed::default()
-            }))
-        };
         let writer = |r: &Removals, name: &str, rounds: u32| {
             let path = Path::new(name);
             for i in 0..rounds {
@@ -477,15 +481,8 @@ mod tests {
     #[test]
     fn a_removal_on_an_old_finding_never_removes_an_entry_made_since() {
         use std::sync::atomic::AtomicBool;
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, r) = files_removed_for_real();
         let root = dir.path().to_path_buf();
-        let r = {
-            let root = root.clone();
-            Removals::start(Box::new(move |p: &Path| {
-                let _ = std::fs::remove_file(root.join(p));
-                Removed::default()
-            }))
-        };
         let writer = |r: &Removals, name: &str, rounds: u32| {
             let path = Path::new(name);
             let in_source = Arc::new(AtomicBool::new(false));

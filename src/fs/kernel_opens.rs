@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use fuser::{BackingId, Errno};
 
+use super::open::PASSTHROUGH_RELEASE_WAIT;
 use super::{CachingFs, DirList, Inode, Listing, Result};
 use crate::coherence::Notice;
 
@@ -110,7 +111,7 @@ impl CachingFs {
             flags & keep,
             None,
             &no_backing,
-            super::open::PASSTHROUGH_RELEASE_WAIT,
+            PASSTHROUGH_RELEASE_WAIT,
         )?;
         let r = op(opened.fh);
         if let Ok(inode) = self.inode(id) {
@@ -165,7 +166,7 @@ impl CachingFs {
                 libc::O_RDWR,
                 None,
                 &no_backing,
-                super::open::PASSTHROUGH_RELEASE_WAIT,
+                PASSTHROUGH_RELEASE_WAIT,
             )
             .or_else(|_| {
                 self.open_node(
@@ -173,7 +174,7 @@ impl CachingFs {
                     libc::O_RDONLY,
                     None,
                     &no_backing,
-                    super::open::PASSTHROUGH_RELEASE_WAIT,
+                    PASSTHROUGH_RELEASE_WAIT,
                 )
             });
         match opened {
