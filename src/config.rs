@@ -116,6 +116,10 @@ pub struct Config {
     /// The kernel opens files itself and keeps their pages between opens
     /// (`fs/kernel_opens.rs`): no OPEN, FLUSH or RELEASE reaches the daemon.
     pub kernel_opens: bool,
+    /// Large files not yet cached are read by the kernel from the source file itself
+    /// (passthrough to the source), and what was read is copied into the cache at close
+    /// (`fs/source_reads.rs`). Sources without a source timeout only.
+    pub source_reads: bool,
     pub allow_other: bool,
     pub read_only: bool,
     /// Mount over a mount point that is not empty (hiding what it holds).
@@ -189,6 +193,7 @@ impl Config {
             open_lease: Duration::ZERO,
             passthrough: true,
             kernel_opens: false,
+            source_reads: false,
             allow_other: false,
             read_only: false,
             nonempty: false,
@@ -554,6 +559,14 @@ impl Config {
                 "kernel_opens is not available for object-store sources: they upload a \
                  written file when it is closed, and with kernel opens no close reaches \
                  hoardfs"
+                    .into(),
+            ));
+        }
+        if self.source_reads && (self.is_object_source() || self.kernel_opens || !self.passthrough)
+        {
+            return Err(ConfigError::Invalid(
+                "source_reads needs a directory source and passthrough: not with an \
+                 object-store source, kernel_opens or no_passthrough"
                     .into(),
             ));
         }

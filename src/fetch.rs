@@ -126,6 +126,8 @@ pub struct Flight {
     pub len: u64,
     /// Started by prefetch (or the whole-file fetch), not by a read that needed it.
     pub prefetch: bool,
+    /// Copies only what the source holds in memory (`resident_only`).
+    pub resident_only: bool,
     st: Mutex<FlightState>,
     cv: Condvar,
     /// The cache's usage estimate and the bytes reserved in it not yet written; what is
@@ -163,6 +165,7 @@ impl Flight {
             off,
             len,
             prefetch,
+            resident_only: false,
             st: Mutex::new(FlightState {
                 pieces: vec![Piece::Todo; n],
                 done: 0,
@@ -172,6 +175,13 @@ impl Flight {
             usage: None,
             piece: PIECE,
         }
+    }
+
+    /// A flight that reads only what is in the source's page cache and ends without the
+    /// chunk where a page is not (the fill behind a source read: `fs/source_reads.rs`).
+    pub fn resident_only(mut self) -> Flight {
+        self.resident_only = true;
+        self
     }
 
     /// Pieces of `piece` bytes instead of `PIECE`: an object store pays a request per

@@ -60,10 +60,20 @@ impl FileJob {
     }
 }
 
+/// The chunks a closed source read may have brought into the source's page cache, to be
+/// copied from there in order, one at a time (`resident_only` flights).
+pub struct BehindJob<N> {
+    pub inode: Arc<N>,
+    pub ff: Arc<FileFetch>,
+    pub flights: Vec<Arc<Flight>>,
+    pub src: Arc<SourceFd>,
+}
+
 /// What the workers take from the queue.
 pub enum Task<N> {
     Chunk(Job<N>),
     File(FileJob),
+    Behind(BehindJob<N>),
 }
 
 impl<N> Task<N> {
@@ -72,6 +82,8 @@ impl<N> Task<N> {
         match self {
             Task::Chunk(j) => j.flight.len,
             Task::File(f) => f.len.load(Relaxed),
+            // One chunk at a time.
+            Task::Behind(b) => b.flights.first().map_or(0, |f| f.len),
         }
     }
 }
@@ -180,7 +192,7 @@ impl<N> Fetcher<N> {
         match self.try_queue_task(Task::Chunk(job), front) {
             Ok(()) => Ok(()),
             Err(Task::Chunk(j)) => Err(j),
-            Err(Task::File(_)) => unreachable!(),
+            Err(Task::File(_) | Task::Behind(_)) => unreachable!(),
         }
     }
 
@@ -188,6 +200,16 @@ impl<N> Fetcher<N> {
     /// worker exists or it does not fit the in-flight budget.
     pub fn try_queue_file(&self, job: FileJob) -> bool {
         self.try_queue_task(Task::File(job), false).is_ok()
+    }
+
+    /// Queues the fill behind a source read (behind everything queued); gives it back if no
+    /// worker exists or its first chunk does not fit the in-flight budget.
+    pub fn try_queue_behind(&self, job: BehindJob<N>) -> Result<(), BehindJob<N>> {
+        match self.try_queue_task(Task::Behind(job), false) {
+            Ok(()) => Ok(()),
+            Err(Task::Behind(b)) => Err(b),
+            Err(_) => unreachable!(),
+        }
     }
 
     fn try_queue_task(&self, task: Task<N>, front: bool) -> Result<(), Task<N>> {

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{BackingId, Errno, FileAttr, FileType, FopenFlags};
 
 mod attr;
+mod backing;
 mod changes;
 mod commit;
 mod control;
@@ -53,6 +54,7 @@ mod object;
 mod offline;
 mod open;
 mod reintegrate;
+mod source_reads;
 mod state;
 mod waiting_opens;
 mod write;
@@ -373,6 +375,11 @@ impl CachingFs {
         let coherence = Coherence::new(&cfg, caps.watchable);
         if !stable_ino {
             tracing::info!("the source renumbers inodes: cache identity leaves them out");
+        }
+        if cfg.source_reads && source.health.timeout().is_some() {
+            // A passthrough read of a hung source would wait in the kernel, past the
+            // timeout (`fs/source_reads.rs`).
+            tracing::warn!("source_reads is off: the source has a source timeout");
         }
         let oplog = cache
             .private_dir("oplog")

@@ -389,6 +389,15 @@ pub static OPTIONS: &[Opt] = &[
          the mount reach readers by the watcher's notices or the attribute TTL, not at \
          open; no passthrough; locks are local to this machine (README, \"Kernel opens\")",
     ),
+    Opt::switch("source_reads", "source_reads", None, KERNEL, |c, on| {
+        c.source_reads |= on
+    })
+    .help(
+        "Have the kernel read large files not yet cached straight from the source (FUSE \
+         passthrough to the source file), and copy what was read into the cache when the \
+         file is closed: cold sequential reads at the source's speed. Sources without a \
+         source timeout (local ones) only; elsewhere it is off (README, \"Source reads\")",
+    ),
     Opt::switch("allow_other", "allow_other", None, KERNEL, |c, on| {
         c.allow_other |= on
     })

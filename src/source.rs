@@ -187,6 +187,59 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     Ok(done)
 }
 
+/// `buf.len()` bytes at `offset` of `f` (fewer only at its end) if every page of them is
+/// in the page cache, `None` if not (or the kernel cannot tell). Asked first with
+/// `cachestat(2)`, which starts no I/O: a read with `RWF_NOWAIT` would return `EAGAIN`
+/// for a page not in memory but start its readahead all the same.
+pub fn read_resident(f: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
+    if buf.is_empty() {
+        return Ok(Some(0));
+    }
+    // SAFETY: sysconf only reads a value.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let pages = (offset + buf.len() as u64).div_ceil(page) - offset / page;
+    match cached_pages(f, offset, buf.len() as u64) {
+        Some(n) if n >= pages => read_full(f, buf, offset).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// Pages of `f` in `[offset, offset + len)` that are in the page cache (`cachestat(2)`,
+/// Linux 6.5), or `None` where the call is not there.
+fn cached_pages(f: &File, offset: u64, len: u64) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    /// `__NR_cachestat`, the same on every architecture (the libc crate has no wrapper
+    /// for it on glibc targets).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: offset, len };
+    let mut stat = CacheStat::default();
+    // SAFETY: both pointers are to live values of the layouts the kernel reads and writes.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            f.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut CacheStat,
+            0u32,
+        )
+    };
+    (r == 0).then_some(stat.nr_cache)
+}
+
 /// Network and FUSE file systems: changes made on other machines raise no inotify events.
 pub fn is_remote(fd: BorrowedFd<'_>) -> bool {
     const NFS: i64 = 0x6969;

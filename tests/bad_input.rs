@@ -247,6 +247,16 @@ fn invalid_invocations_get_clear_messages() {
             vec![
                 p("src").into(),
                 p("mnt").into(),
+                o("--source-reads"),
+                o("--kernel-opens"),
+            ],
+            2,
+            "source_reads needs a directory source and passthrough",
+        ),
+        (
+            vec![
+                p("src").into(),
+                p("mnt").into(),
                 o("--entry-ttl"),
                 o("soon"),
             ],

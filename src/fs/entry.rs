@@ -95,6 +95,8 @@ pub struct FileState {
     /// Opens waiting for a whole-file fetch (not counted in the opens yet).
     opening: u32,
     pub(super) backing: Weak<BackingId>,
+    /// `backing` is the source file's, not the cache file's (`fs/source_reads.rs`).
+    pub(super) backing_is_source: bool,
     /// Chunks fetched since the record was last made durable.
     unsynced: u32,
     /// A write went to the source since the last checkpoint (the on-disk record is dirty).
@@ -142,6 +144,7 @@ impl FileState {
             direct_readers: false,
             opening: 0,
             backing: Weak::new(),
+            backing_is_source: false,
             unsynced: 0,
             written: false,
             durably_dirty: false,

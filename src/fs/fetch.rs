@@ -20,6 +20,7 @@ use crate::source::SourceReader;
 use crate::source::read_full;
 use crate::stats::Stats;
 
+mod behind;
 mod jobs;
 mod whole;
 
@@ -39,6 +40,8 @@ enum Copied {
     CacheFailed(std::io::Error),
     /// The file's cached content changed meanwhile.
     Aborted,
+    /// A flight that copies only what is in memory met a page that is not.
+    NotResident,
 }
 
 /// How a wait for a range of a flight ended.
@@ -279,7 +282,7 @@ impl CachingFs {
     /// The uncached path: straight from the source.
     /// Bytes fetched per source read: `PIECE`, or the whole chunk where each read is a
     /// request of its own (an object store's GET).
-    fn piece_size(&self, chunk_size: u64) -> u64 {
+    pub(in crate::fs) fn piece_size(&self, chunk_size: u64) -> u64 {
         if self.caps().reads_by_request {
             chunk_size
         } else {
@@ -399,6 +402,14 @@ impl CachingFs {
                 f.finish(End::Aborted);
                 return Err(Got::Aborted);
             }
+            Copied::NotResident => {
+                // Not fetched, and not wanted from the disk: the chunk stays absent.
+                let mut guard = ctx.inode.file();
+                ctx.ff.remove(f);
+                f.finish(End::Aborted);
+                self.unload_if_idle(ctx.inode, &mut guard);
+                return Err(Got::Aborted);
+            }
         };
         Stats::add(&self.stats.cache.bytes_from_source, n as u64);
         if n < len {
@@ -414,7 +425,15 @@ impl CachingFs {
 
     /// A piece from a source file: one read, then one write to the cache file.
     fn copy_file_piece(&self, ctx: &Ctx<'_>, f: &Arc<Flight>, start: u64, len: usize) -> Copied {
-        let buf = match self.source.read_at(&ctx.src.reader, len, start) {
+        let read = if f.resident_only {
+            match self.source.read_resident_at(&ctx.src.reader, len, start) {
+                Ok(None) => return Copied::NotResident,
+                r => r.map(Option::unwrap_or_default),
+            }
+        } else {
+            self.source.read_at(&ctx.src.reader, len, start)
+        };
+        let buf = match read {
             Ok(b) => b,
             Err(e) => return Copied::SourceFailed(e),
         };

@@ -693,33 +693,12 @@ impl CachingFs {
         let id = inode.id;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let state = guard.as_mut().unwrap();
-        let mut backing = None;
-        if !writable && state.complete() && state.daemon_opens() == 0 && self.passthrough_enabled()
-        {
-            let existing = state.backing.upgrade();
-            let b = match existing {
-                Some(b) => Some(b),
-                None => match make_backing(&state.files().unwrap().data) {
-                    Ok(b) => {
-                        let b = Arc::new(b);
-                        state.backing = Arc::downgrade(&b);
-                        Some(b)
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "passthrough unavailable ({e}); reads go through the daemon"
-                        );
-                        self.disable_passthrough();
-                        None
-                    }
-                },
-            };
-            backing = b;
-        }
+        let backing = (!writable)
+            .then(|| self.passthrough_backing(state, make_backing))
+            .flatten();
         let mut direct = false;
         let mut fopen = if backing.is_some() {
             state.opened(OpenKind::Passthrough);
-            Stats::add(&self.stats.cache.passthrough_opens, 1);
             FopenFlags::FOPEN_PASSTHROUGH
         } else {
             direct = self.count_daemon_open(inode, state, flags);

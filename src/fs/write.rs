@@ -129,6 +129,10 @@ impl CachingFs {
         }
         if let Some(state) = guard.as_mut() {
             state.closed(h.open_kind());
+            // A reader of the source leaves the cache to be filled from what it read.
+            if h.passthrough.is_some() && state.backing_is_source && self.source_reads() {
+                self.fill_behind(&h.inode, state);
+            }
             // A private mapping of a handle opened beside a direct writer fills the
             // kernel's pages, which the writes then bypassed: none is kept by later opens.
             if h.direct && state.direct_readers_done() {

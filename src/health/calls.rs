@@ -47,6 +47,27 @@ impl GuardedSource {
         }
     }
 
+    /// Up to `len` bytes at `offset` of a reader's file if they are all in the source's
+    /// page cache (`source::read_resident`); `None` if not, or for an object.
+    pub fn read_resident_at(
+        &self,
+        reader: &SourceReader,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<Option<Vec<u8>>> {
+        let SourceReader::File(f) = reader else {
+            return Ok(None);
+        };
+        use std::os::fd::AsFd;
+        self.with_fd(f.as_fd(), move |f| {
+            let mut buf = vec![0u8; len];
+            Ok(crate::source::read_resident(f, &mut buf, offset)?.map(|n| {
+                buf.truncate(n);
+                buf
+            }))
+        })
+    }
+
     /// Up to `len` bytes at `offset` of an object reader's object, handed to `sink(offset,
     /// bytes)` as they arrive (`ObjectSource::read_range_into`); returns how many.
     pub fn read_object_into(

@@ -210,6 +210,7 @@ pub fn spawn_fetch_workers(fs: &Arc<CachingFs>) -> std::io::Result<Threads> {
                 match &task {
                     Task::Chunk(job) => fs.run_job(job),
                     Task::File(job) => fs.run_file_job(job),
+                    Task::Behind(job) => fs.run_behind_job(job),
                 }
                 let len = task.bytes();
                 drop(task);
