@@ -192,21 +192,27 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 /// `cachestat(2)`, which starts no I/O: a read with `RWF_NOWAIT` would return `EAGAIN`
 /// for a page not in memory but start its readahead all the same.
 pub fn read_resident(f: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
-    if buf.is_empty() {
-        return Ok(Some(0));
+    if !resident(f, offset, buf.len() as u64) {
+        return Ok(None);
+    }
+    read_full(f, buf, offset).map(Some)
+}
+
+/// Whether every page of `[offset, offset + len)` of `f` is in the page cache (a range
+/// past the end of the file has none; give lengths within it). Starts no I/O.
+pub fn resident(f: &File, offset: u64, len: u64) -> bool {
+    if len == 0 {
+        return true;
     }
     // SAFETY: sysconf only reads a value.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-    let pages = (offset + buf.len() as u64).div_ceil(page) - offset / page;
-    match cached_pages(f, offset, buf.len() as u64) {
-        Some(n) if n >= pages => read_full(f, buf, offset).map(Some),
-        _ => Ok(None),
-    }
+    let pages = (offset + len).div_ceil(page) - offset / page;
+    cached_pages(f, offset, len).is_some_and(|n| n >= pages)
 }
 
 /// Pages of `f` in `[offset, offset + len)` that are in the page cache (`cachestat(2)`,
 /// Linux 6.5), or `None` where the call is not there.
-fn cached_pages(f: &File, offset: u64, len: u64) -> Option<u64> {
+pub fn cached_pages(f: &File, offset: u64, len: u64) -> Option<u64> {
     use std::os::fd::AsRawFd;
     /// `__NR_cachestat`, the same on every architecture (the libc crate has no wrapper
     /// for it on glibc targets).

@@ -6,8 +6,9 @@
 //!
 //! The daemon sees none of those reads, so the cache is filled after them: when such a
 //! handle closes, the chunks still absent are copied from what the source holds in its page
-//! cache (a chunk is read only if `cachestat(2)` finds every page of it there,
-//! `source::read_resident`), in order, by one fetch worker (`fs/fetch/behind.rs`). What the
+//! cache (a chunk only if `cachestat(2)` finds every page of it there, `source::resident`,
+//! when it is queued and again when it is read), in order, by one fetch worker
+//! (`fs/fetch/behind.rs`). What the
 //! reader read (and the kernel read ahead for it) is there, and nothing is read from the
 //! source's disk a second time; a chunk not wholly in memory stays absent, fetched by a
 //! later read that needs it. Fills go through the fetch engine's flights, so their checks
@@ -24,6 +25,11 @@ use std::sync::Arc;
 use super::{CachingFs, FileState, Inode};
 use crate::fetch::{End, Flight};
 use crate::fetch_pool::BehindJob;
+use crate::source::{SourceReader, cached_pages, resident};
+use crate::stats::Stats;
+
+/// Chunks one close queues at most (64 GiB of 1 MiB chunks): each waits as a flight.
+const MAX_BEHIND: usize = 65_536;
 
 impl CachingFs {
     /// Whether source reads are on and possible now.
@@ -34,9 +40,10 @@ impl CachingFs {
             && self.source.health.timeout().is_none()
     }
 
-    /// A handle that read the source closed: the chunks still absent are queued to be
-    /// copied from the source's pages in memory (see the module's comment). The flights
-    /// keep the state loaded until the job has gone through them.
+    /// A handle that read the source closed: the chunks still absent that the source holds
+    /// wholly in memory now are queued to be copied from there (see the module's comment);
+    /// the others are left. The flights keep the state loaded until the job has gone
+    /// through them.
     pub(super) fn fill_behind(&self, inode: &Arc<Inode>, state: &mut FileState) {
         if state.complete() || state.files().is_none() {
             return;
@@ -44,11 +51,18 @@ impl CachingFs {
         let Some(src) = state.fetch_src.clone() else {
             return;
         };
+        let SourceReader::File(file) = &src.reader else {
+            return;
+        };
         let ff = state.fetch.clone();
         let epoch = ff.epoch();
         let cs = state.record().chunk_size;
         let size = state.record().identity.size;
+        // Nothing of the file in memory (pages gone, or a read stopped at once): no chunk
+        // to look at one by one.
+        let some_resident = cached_pages(file, 0, size).is_some_and(|n| n > 0);
         let mut flights = Vec::new();
+        let mut left = 0;
         {
             let mut in_flight = ff.flights.lock().unwrap();
             for c in 0..state.record().nchunks() {
@@ -56,6 +70,11 @@ impl CachingFs {
                     continue;
                 }
                 let len = cs.min(size - c * cs);
+                // (One `cachestat` a chunk, a few microseconds: no I/O under the lock.)
+                if !some_resident || flights.len() >= MAX_BEHIND || !resident(file, c * cs, len) {
+                    left += 1;
+                    continue;
+                }
                 if !self.usage.may_grow(len) {
                     break;
                 }
@@ -69,6 +88,7 @@ impl CachingFs {
                 flights.push(f);
             }
         }
+        Stats::add(&self.stats.cache.chunks_left_behind, left);
         if flights.is_empty() {
             return;
         }
