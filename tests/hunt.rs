@@ -534,6 +534,7 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
     }
     let c = &counts;
     let answered = t.stats().coherence;
+    let cache = t.stats().cache;
     // The daemon's alarm that a cache data file changed with no write of its own noted:
     // nobody edits the cache here, so each is a second cache state writing the same file
     // (it was: an open that loaded a state for a node retired meanwhile).
@@ -542,12 +543,14 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
         .matches("changed behind hoardfs's back")
         .count();
     let summary = format!(
-        "{label}: {} s, {} changes, {} reads ({} opens answered by a callback, {} by an open lease), {} held reads ({} ESTALE), {} listings: {} wrong, {} torn, {} errors, {} ESTALE, {} stale beyond {bound:?}, {} listings wrong, {alarms} cache files changed behind the daemon's back; first of each: {:?}",
+        "{label}: {} s, {} changes, {} reads ({} opens answered by a callback, {} by an open lease, {} by reading the source, {} chunks filled after them), {} held reads ({} ESTALE), {} listings: {} wrong, {} torn, {} errors, {} ESTALE, {} stale beyond {bound:?}, {} listings wrong, {alarms} cache files changed behind the daemon's back; first of each: {:?}",
         secs(),
         c.changes.load(SeqCst),
         c.reads.load(SeqCst),
         answered.callback_hits,
         answered.open_lease_hits,
+        cache.source_read_opens,
+        cache.chunks_filled_behind,
         c.held_reads.load(SeqCst),
         c.held_estale.load(SeqCst),
         c.listings.load(SeqCst),
@@ -575,6 +578,9 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
         c.changes.load(SeqCst) > 10 && c.reads.load(SeqCst) > 10,
         "{summary}"
     );
+    if extra.contains(&"--source-reads") {
+        assert!(cache.source_read_opens > 0, "{summary}");
+    }
     drop(t);
     if coarse {
         let src = source.real.parent().unwrap().join("src");
@@ -756,5 +762,32 @@ fn a_wrong_block_is_described_and_a_torn_one_told_apart() {
         with_block_5(&block(2, 7, 9))
             .unwrap_err()
             .contains("it is block 9 of v7")
+    );
+}
+
+/// With source reads (`--source-reads`) the chunked files not cached whole are read from
+/// the source by the kernel, and filled after each close from what the source holds in
+/// memory: the fills race every kind of change, and the same counts hold.
+#[test]
+fn no_wrong_or_stale_bytes_on_a_watched_local_source_with_source_reads() {
+    hunt(
+        "watched, source reads",
+        false,
+        &["--source-reads"],
+        &ALL,
+        Duration::from_millis(100),
+    );
+}
+
+/// The same where nothing is watched: a fill after a close is checked only by the next
+/// open's look at the source.
+#[test]
+fn no_wrong_or_stale_bytes_on_an_unwatched_local_source_with_source_reads() {
+    hunt(
+        "unwatched, source reads",
+        false,
+        &["--watch", "off", "--source-reads"],
+        &ALL,
+        Duration::from_millis(100),
     );
 }
