@@ -54,6 +54,16 @@ fn held(bytes: &[u8], c: usize, newest: u64) -> bool {
     })
 }
 
+/// Stops the other threads of a race when its thread ends, by a panic too: they all end,
+/// and the mount with them, before the test reports.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, SeqCst);
+    }
+}
+
 fn hoardfs(args: &[&str], t: &TestMount) -> std::process::Output {
     Command::new(BIN).args(args).arg(&t.mnt).output().unwrap()
 }
@@ -141,6 +151,7 @@ fn readers_of_the_source_racing_changes_get_only_versions_the_file_held() {
     for behind in [false, true] {
         let (t, latest, stop) = (t.clone(), latest.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
+            let _stop = StopOnDrop(stop.clone());
             let mut wrote = 0;
             while !stop.load(SeqCst) {
                 let v = latest.fetch_add(1, SeqCst) + 1;
@@ -166,6 +177,7 @@ fn readers_of_the_source_racing_changes_get_only_versions_the_file_held() {
     for _ in 0..3 {
         let (t, latest, stop) = (t.clone(), latest.clone(), stop.clone());
         readers.push(std::thread::spawn(move || {
+            let _stop = StopOnDrop(stop.clone());
             let mut reads = 0;
             while !stop.load(SeqCst) {
                 // An open racing a change behind the mount may fail with ESTALE (README,
@@ -184,10 +196,16 @@ fn readers_of_the_source_racing_changes_get_only_versions_the_file_held() {
             reads
         }));
     }
-    std::thread::sleep(Duration::from_secs(4));
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    while !stop.load(SeqCst) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     stop.store(true, SeqCst);
-    let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
-    let writes: Vec<u64> = threads.into_iter().map(|w| w.join().unwrap()).collect();
+    // Every thread joined before any verdict.
+    let readers: Vec<_> = readers.into_iter().map(|r| r.join()).collect();
+    let writers: Vec<_> = threads.into_iter().map(|w| w.join()).collect();
+    let reads: u64 = readers.into_iter().map(Result::unwrap).sum();
+    let writes: Vec<u64> = writers.into_iter().map(Result::unwrap).collect();
     assert!(
         reads > 10 && writes.iter().all(|&w| w > 0),
         "{reads} {writes:?}"
