@@ -49,12 +49,7 @@ impl CachingFs {
             return Some(live);
         }
         match make_backing(&state.files()?.data) {
-            Ok(b) => {
-                let b = Arc::new(b);
-                state.backing = Arc::downgrade(&b);
-                state.backing_is_source = false;
-                Some(b)
-            }
+            Ok(b) => Some(live_backing(state, b, false)),
             Err(e) => {
                 tracing::warn!("passthrough unavailable ({e}); reads go through the daemon");
                 self.disable_passthrough();
@@ -88,12 +83,7 @@ impl CachingFs {
             return None;
         };
         match make_backing(file) {
-            Ok(b) => {
-                let b = Arc::new(b);
-                state.backing = Arc::downgrade(&b);
-                state.backing_is_source = true;
-                Some(b)
-            }
+            Ok(b) => Some(live_backing(state, b, true)),
             Err(e) => {
                 tracing::debug!(
                     "no passthrough to the source file ({e}); reads go through the daemon"
@@ -102,4 +92,12 @@ impl CachingFs {
             }
         }
     }
+}
+
+/// `b`, now the node's live backing (of the source file, or of the cache file).
+fn live_backing(state: &mut FileState, b: BackingId, of_source: bool) -> Arc<BackingId> {
+    let b = Arc::new(b);
+    state.backing = Arc::downgrade(&b);
+    state.backing_is_source = of_source;
+    b
 }
