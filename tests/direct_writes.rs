@@ -183,7 +183,7 @@ fn check(data: &[u8], floor: u64, started: u64, what: &str) -> Result<(), String
 /// writes must not drop while a write is on its way: `Inode::page_cache_writers`). Every word any of them reads is of a version no older than
 /// the last one whose writes had all returned before the read began.
 fn readers_racing_a_writer(args: &[&str], alone_every: u64) {
-    let t = TestMount::new(args);
+    let t = Arc::new(TestMount::new(args));
     fs::write(t.m("f"), version_block(1, FILE_LEN)).unwrap();
     let committed = Arc::new(AtomicU64::new(1));
     let started = Arc::new(AtomicU64::new(1));
@@ -199,7 +199,7 @@ fn readers_racing_a_writer(args: &[&str], alone_every: u64) {
     let reader_handles = Arc::new(AtomicU64::new(0));
     {
         let (path, committed, started) = (t.m("f"), committed.clone(), started.clone());
-        let (gate, reader_handles) = (gate.clone(), reader_handles.clone());
+        let (gate, reader_handles, t) = (gate.clone(), reader_handles.clone(), t.clone());
         threads.push(std::thread::spawn(move || {
             let mut v = 1;
             let mut round = 0u64;
@@ -210,6 +210,11 @@ fn readers_racing_a_writer(args: &[&str], alone_every: u64) {
                     gate.store(true, SeqCst);
                     let until = Instant::now() + Duration::from_secs(1);
                     while reader_handles.load(SeqCst) > 0 && Instant::now() < until {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    // And their releases, which reach the daemon after `close` returned
+                    // (late under load): alone means no handle of the file in the daemon.
+                    while t.stats().open_handles > 0 && Instant::now() < until {
                         std::thread::sleep(Duration::from_micros(200));
                     }
                 }
