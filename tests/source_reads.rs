@@ -74,6 +74,14 @@ fn released(t: &TestMount) {
     });
 }
 
+fn on_tmpfs(path: &std::path::Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a buffer of the right type.
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
+}
+
 /// Drops the source file's pages from memory (this file's only), as if it had not been
 /// read since the machine started.
 fn evict(path: &std::path::Path) {
@@ -111,6 +119,11 @@ fn a_large_file_is_read_from_the_source_and_cached_behind_its_reader() {
 fn the_fill_behind_a_source_read_copies_only_what_the_reader_brought_into_memory() {
     let t = mount();
     t.expect_warnings();
+    if on_tmpfs(&t.src) {
+        // Its pages cannot be dropped (they are the file): nothing to tell apart here.
+        eprintln!("skipped: the test directory is on tmpfs");
+        return;
+    }
     fs::write(t.s("big"), version(7)).unwrap();
     evict(&t.s("big"));
     let f = fs::File::open(t.m("big")).unwrap();
