@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{TestMount, is_mounted};
+use common::TestMount;
 
 const BLOCK: usize = 4096;
 /// Two files below the whole-file threshold, two chunked ones (passthrough once whole).
@@ -275,12 +275,21 @@ struct Source {
 
 impl Drop for Source {
     /// Ends coarse_fs and takes its mount down (lazily: a hoardfs mount above it may be
-    /// going at the same time), so that a failed test leaves nothing mounted.
+    /// going at the same time), so that a failed test leaves nothing mounted. The test's
+    /// directory is removed here too: `TestMount` could not remove it while coarse_fs
+    /// was mounted inside it. If the hoardfs mount is still up (a test that failed),
+    /// `TestMount`'s own drop, which comes after this one, removes the directory.
     fn drop(&mut self) {
         if let Some((mut c, at)) = self.coarse.take() {
-            let _ = Command::new("umount").arg("-l").arg(&at).status();
+            if anything_mounted_at(&at) {
+                let _ = Command::new("umount").arg("-l").arg(&at).status();
+            }
             let _ = c.kill();
             let _ = c.wait();
+            let base = at.parent().unwrap();
+            if !anything_mounted_at(&base.join("mnt")) && !anything_mounted_at(&at) {
+                let _ = fs::remove_dir_all(base);
+            }
         }
     }
 }
@@ -321,11 +330,7 @@ fn mount(coarse: bool, extra: &[&str]) -> (TestMount, Source) {
             .expect("coarse_fs (cargo test builds the examples)");
         source.coarse = Some((child, t.src.clone()));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .any(|l| l.split(' ').nth(4) == t.src.to_str())
-        {
+        while !anything_mounted_at(&t.src) {
             assert!(Instant::now() < deadline, "coarse_fs did not mount");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -585,8 +590,19 @@ fn hunt(label: &str, coarse: bool, extra: &[&str], changes: &[Change], bound: Du
     if coarse {
         let src = source.real.parent().unwrap().join("src");
         let _ = Command::new("umount").arg(&src).status();
-        assert!(!is_mounted(&src));
+        assert!(!anything_mounted_at(&src));
+        let base = src.parent().unwrap().to_path_buf();
+        drop(source);
+        assert!(!base.exists(), "{} left behind", base.display());
     }
+}
+
+/// Whether any file system (coarse_fs is not `fuse.hoardfs`) is mounted at `at`.
+fn anything_mounted_at(at: &Path) -> bool {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == at.to_str())
 }
 
 const ALL: [Change; 4] = [
