@@ -187,19 +187,10 @@ pub fn read_full(f: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     Ok(done)
 }
 
-/// `buf.len()` bytes at `offset` of `f` (fewer only at its end) if every page of them is
-/// in the page cache, `None` if not (or the kernel cannot tell). Asked first with
-/// `cachestat(2)`, which starts no I/O: a read with `RWF_NOWAIT` would return `EAGAIN`
-/// for a page not in memory but start its readahead all the same.
-pub fn read_resident(f: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
-    if !resident(f, offset, buf.len() as u64) {
-        return Ok(None);
-    }
-    read_full(f, buf, offset).map(Some)
-}
-
 /// Whether every page of `[offset, offset + len)` of `f` is in the page cache (a range
-/// past the end of the file has none; give lengths within it). Starts no I/O.
+/// past the end of the file has none; give lengths within it). Starts no I/O, unlike a
+/// read with `RWF_NOWAIT`, which returns `EAGAIN` for a page not in memory but starts
+/// its readahead all the same.
 pub fn resident(f: &File, offset: u64, len: u64) -> bool {
     if len == 0 {
         return true;

@@ -404,10 +404,7 @@ impl CachingFs {
             }
             Copied::NotResident => {
                 // Not fetched, and not wanted from the disk: the chunk stays absent.
-                let mut guard = ctx.inode.file();
-                ctx.ff.remove(f);
-                f.finish(End::Aborted);
-                self.unload_if_idle(ctx.inode, &mut guard);
+                self.drop_flight(ctx, f, End::Aborted);
                 return Err(Got::Aborted);
             }
         };
@@ -490,11 +487,16 @@ impl CachingFs {
     }
 
     fn flight_failed(&self, ctx: &Ctx<'_>, f: &Arc<Flight>) -> Got {
+        self.drop_flight(ctx, f, End::Failed(libc::EIO));
+        Got::Failed
+    }
+
+    /// Ends a flight that filled nothing: its waiters get `end`, the chunk stays absent.
+    fn drop_flight(&self, ctx: &Ctx<'_>, f: &Arc<Flight>, end: End) {
         let mut guard = ctx.inode.file();
         ctx.ff.remove(f);
-        f.finish(End::Failed(libc::EIO));
+        f.finish(end);
         self.unload_if_idle(ctx.inode, &mut guard);
-        Got::Failed
     }
 
     /// Every piece is in the cache file: the chunk becomes present (crash rule 1: on disk

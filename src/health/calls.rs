@@ -48,7 +48,8 @@ impl GuardedSource {
     }
 
     /// Up to `len` bytes at `offset` of a reader's file if they are all in the source's
-    /// page cache (`source::read_resident`); `None` if not, or for an object.
+    /// page cache (`source::resident`, asked before anything is allocated or read); `None`
+    /// if not, or for an object.
     pub fn read_resident_at(
         &self,
         reader: &SourceReader,
@@ -58,14 +59,10 @@ impl GuardedSource {
         let SourceReader::File(f) = reader else {
             return Ok(None);
         };
-        use std::os::fd::AsFd;
-        self.with_fd(f.as_fd(), move |f| {
-            let mut buf = vec![0u8; len];
-            Ok(crate::source::read_resident(f, &mut buf, offset)?.map(|n| {
-                buf.truncate(n);
-                buf
-            }))
-        })
+        if !crate::source::resident(f, offset, len as u64) {
+            return Ok(None);
+        }
+        self.read_at(reader, len, offset).map(Some)
     }
 
     /// Up to `len` bytes at `offset` of an object reader's object, handed to `sink(offset,
