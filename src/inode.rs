@@ -933,6 +933,24 @@ impl<F> InodeTable<F> {
         out
     }
 
+    /// The one entry known by `path`, if exactly one is (found through the name index).
+    pub fn named(&self, path: &Path) -> Option<Arc<Inode<F>>> {
+        let inner = self.inner.lock().unwrap();
+        let ids = inner.index.lock().unwrap().get(path)?.clone();
+        let mut holders = ids.iter().filter_map(|id| {
+            let e = inner.by_id.get(id)?;
+            e.inode
+                .names
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|p| p == path)
+                .then(|| e.inode.clone())
+        });
+        let first = holders.next()?;
+        holders.next().is_none().then_some(first)
+    }
+
     /// Whether the kernel references node `id` (it may have it open).
     pub fn is_referenced(&self, id: u64) -> bool {
         let inner = self.inner.lock().unwrap();
@@ -1384,6 +1402,25 @@ mod tests {
         assert_eq!(dd.path(), p("e/f/x"));
         assert_eq!(dd.parent(), d.id);
         assert_eq!(t.lookup(ROOT_ID, Path::new("dd"), &file(10)).id, x.id);
+    }
+
+    /// `named` finds the entry a name leads to now: it follows renames, and a name that
+    /// two entries claim (a hard link's second name is the other entry's too, should
+    /// both know it) is answered by neither.
+    #[test]
+    fn named_finds_the_one_entry_a_name_leads_to() {
+        let t = table(1000, 10);
+        assert!(t.named(Path::new("a")).is_none());
+        let a = t.lookup(ROOT_ID, Path::new("a"), &file(10));
+        assert_eq!(t.named(Path::new("a")).unwrap().id, a.id);
+        t.renamed(Path::new("a"), Path::new("b"), false, ROOT_ID, ROOT_ID);
+        assert!(t.named(Path::new("a")).is_none(), "renamed away");
+        assert_eq!(t.named(Path::new("b")).unwrap().id, a.id);
+        let c = t.lookup(ROOT_ID, Path::new("c"), &file(11));
+        t.lookup(ROOT_ID, Path::new("b"), &file(11));
+        assert_eq!(c.path(), p("c"), "the first name stays the node's path");
+        assert!(t.named(Path::new("b")).is_none(), "two entries claim b");
+        assert_eq!(t.named(Path::new("c")).unwrap().id, c.id);
     }
 
     #[test]

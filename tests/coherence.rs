@@ -575,6 +575,213 @@ fn callbacks_answer_opens_until_any_change_breaks_them() {
     );
 }
 
+/// A file's callback answers lookups too (`CachingFs::called_back`): with the kernel
+/// keeping no name (`--entry-ttl 0`, as after `drop_caches` took its dentries), every stat
+/// sends a lookup, which asks the source nothing while the callback stands. A change
+/// behind the mount made just before a stat is what that stat shows: in place, truncated
+/// and rewritten, renamed over, removed and made again, and through a hard link made
+/// outside the source (which no event in the file's directory reports). Each change
+/// makes the file one byte longer, so that a size from before it is seen for what it is.
+#[test]
+fn callbacks_answer_lookups_until_any_change_breaks_them() {
+    let t = TestMount::new(&["--entry-ttl", "0"]);
+    let outside = t.base().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let src = t.s("f");
+    let body = |len: u64| vec![b'x'; len as usize];
+    fs::write(&src, body(1)).unwrap();
+    let hits = |t: &TestMount| t.stats().coherence.callback_hits;
+    let lookups = |t: &TestMount| t.stats().requests["lookup"];
+    for round in 0..40u64 {
+        let len = round + 1;
+        // An open grants the callback (once the change's own events are handled, which
+        // break it); then a stat's lookup is answered by it.
+        wait_until(
+            Duration::from_secs(5),
+            "a lookup answered by a callback",
+            || {
+                assert_eq!(fs::read(t.m("f")).unwrap().len() as u64, len);
+                let (h, l) = (hits(&t), lookups(&t));
+                assert_eq!(fs::symlink_metadata(t.m("f")).unwrap().len(), len);
+                assert!(lookups(&t) > l, "round {round}: a stat sent no lookup");
+                hits(&t) > h
+            },
+        );
+        let next = body(len + 1);
+        match round % 5 {
+            0 => fs::OpenOptions::new()
+                .write(true)
+                .open(&src)
+                .unwrap()
+                .write_all_at(&next, 0)
+                .unwrap(),
+            1 => fs::write(&src, &next).unwrap(),
+            2 => {
+                let tmp = t.s(".f.tmp");
+                fs::write(&tmp, &next).unwrap();
+                fs::rename(&tmp, &src).unwrap();
+            }
+            3 => {
+                fs::remove_file(&src).unwrap();
+                fs::write(&src, &next).unwrap();
+            }
+            _ => {
+                let link = outside.join("f");
+                let _ = fs::remove_file(&link);
+                fs::hard_link(&src, &link).unwrap();
+                fs::OpenOptions::new()
+                    .append(true)
+                    .open(&link)
+                    .unwrap()
+                    .write_all(b"x")
+                    .unwrap();
+                fs::remove_file(&link).unwrap();
+            }
+        }
+        // At once (the change's events not handled yet: the lookup asks the source), or
+        // once the watcher has handled them (the callback must be broken by then).
+        if round % 10 >= 5 {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        assert_eq!(
+            fs::symlink_metadata(t.m("f")).unwrap().len(),
+            len + 1,
+            "round {round}: a stat right after the change"
+        );
+    }
+}
+
+/// Lookups answered by callbacks race changes behind the mount: a writer makes the file
+/// one byte longer again and again (in place, resized and rewritten, renamed over), a
+/// reader's opens grant callbacks, and two threads stat the name with no entry TTL (a
+/// lookup each). A stat may show a size older than the last change that had returned
+/// when it began only within the README's bound for stats on a watched source ("within
+/// about 50 ms"; the kernel may keep its attributes when a lookup's reply raced another
+/// request, until the watcher's notice drops them): a callback left standing after the
+/// change would show the old size for the watched TTL, 60 s.
+#[test]
+fn lookups_under_callbacks_never_show_a_size_older_than_a_finished_change() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    const BOUND: Duration = Duration::from_millis(100);
+    let t = TestMount::new(&["--entry-ttl", "0"]);
+    let src = t.s("f");
+    fs::write(&src, b"x").unwrap();
+    // When each length's change returned (index: the length).
+    let done_at: Arc<Mutex<Vec<Instant>>> = Arc::new(Mutex::new(vec![Instant::now(); 2]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let late: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let wrong: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (stats, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let hits_before = t.stats().coherence.callback_hits;
+    let mnt_f = t.m("f");
+    let mut threads = Vec::new();
+    // The reader's opens grant callbacks only in the writer's quiet spells, so that a
+    // callback left standing after a change would be replaced by no new one for longer
+    // than the bound.
+    let reading = Arc::new(AtomicBool::new(false));
+    {
+        let (stop, f, reading) = (stop.clone(), mnt_f.clone(), reading.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                if reading.load(SeqCst) {
+                    let _ = fs::read(&f);
+                } else {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }));
+    }
+    for _ in 0..2 {
+        let (stop, f, done_at) = (stop.clone(), mnt_f.clone(), done_at.clone());
+        let (late, wrong) = (late.clone(), wrong.clone());
+        let (stats, errors) = (stats.clone(), errors.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                let floor = done_at.lock().unwrap().len() as u64 - 1;
+                let began = Instant::now();
+                match fs::symlink_metadata(&f) {
+                    Ok(m) if m.len() < floor => {
+                        // The first change it missed had returned this long before.
+                        let lag = began - done_at.lock().unwrap()[m.len() as usize + 1];
+                        late.lock().unwrap().push(lag);
+                        if lag > BOUND {
+                            wrong.lock().unwrap().push(format!(
+                                "size {} {lag:?} after version {} had returned",
+                                m.len(),
+                                m.len() + 1
+                            ));
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        errors.fetch_add(1, SeqCst);
+                    }
+                }
+                stats.fetch_add(1, SeqCst);
+            }
+        }));
+    }
+    let started = Instant::now();
+    let mut len = 1u64;
+    while started.elapsed() < Duration::from_secs(3) && len < 2000 {
+        len += 1;
+        let body = vec![b'x'; len as usize];
+        match len % 3 {
+            0 => fs::OpenOptions::new()
+                .write(true)
+                .open(&src)
+                .unwrap()
+                .write_all_at(&body, 0)
+                .unwrap(),
+            // Resized first (never shorter than before: a truncation to 0 and a rewrite
+            // would show an older size while it runs, which is no error).
+            1 => {
+                let f = fs::OpenOptions::new().write(true).open(&src).unwrap();
+                f.set_len(len).unwrap();
+                f.write_all_at(&body, 0).unwrap();
+            }
+            _ => {
+                let tmp = t.s(".f.tmp");
+                fs::write(&tmp, &body).unwrap();
+                fs::rename(&tmp, &src).unwrap();
+            }
+        }
+        done_at.lock().unwrap().push(Instant::now());
+        if len.is_multiple_of(16) {
+            // A quiet spell, in which the reader's opens grant callbacks.
+            reading.store(true, SeqCst);
+            std::thread::sleep(Duration::from_millis(40));
+            reading.store(false, SeqCst);
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    stop.store(true, SeqCst);
+    for th in threads {
+        th.join().unwrap();
+    }
+    let hits = t.stats().coherence.callback_hits - hits_before;
+    let (n, errors) = (stats.load(SeqCst), errors.load(SeqCst));
+    let (wrong, late) = (wrong.lock().unwrap(), late.lock().unwrap());
+    eprintln!(
+        "{n} stats, {hits} looks answered by callbacks; {} older sizes, the latest {:?} after the change",
+        late.len(),
+        late.iter().max()
+    );
+    assert!(
+        wrong.is_empty() && errors * 50 <= n,
+        "{} of {n} stats showed a size older than {BOUND:?} after the change, e.g. {:?}; {errors} failed",
+        wrong.len(),
+        &wrong[..wrong.len().min(3)]
+    );
+    assert!(
+        hits > 100,
+        "only {hits} looks answered by callbacks in {n} stats"
+    );
+}
+
 /// Writes `data` to the source's `f` behind the mount: 0 in place (same size), 1
 /// truncated and rewritten, 2 renamed over.
 fn change_f_behind(t: &TestMount, how: u32, data: &str) {

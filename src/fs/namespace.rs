@@ -33,10 +33,30 @@ impl CachingFs {
             .watch_dir(parent, || self.source.dir(&dir_path).ok());
         let path = child(&dir_path, name)?;
         let seen = self.uploads_seen();
-        let mut st = self.source.stat(&path).map_err(errno)?;
+        let mut st = match self.called_back(parent, &path) {
+            Some(st) => st,
+            None => self.source.stat(&path).map_err(errno)?,
+        };
         let inode = self.inodes.lookup(parent, &path, &st);
         self.pending_attr(inode.id, seen, &mut st);
         Ok(attr_told(&inode, &st))
+    }
+
+    /// The attributes of the file that `path` in directory `parent` names, if the file's
+    /// callback stands: the watcher answers for its name and attributes, as it does for a
+    /// `getattr` (`getattr_source`). So a lookup after the kernel dropped its dentries
+    /// (memory pressure, `drop_caches`: a warm `git status`) asks the source nothing. A
+    /// change of the name behind the mount is an event in `parent`, which breaks the
+    /// callbacks of the files it names; one through the mount moves the name in the table.
+    fn called_back(&self, parent: u64, path: &Path) -> Option<Stat> {
+        let inode = self.inodes.named(path)?;
+        if inode.parent() != parent || inode.is_retired() {
+            return None;
+        }
+        let cb = inode.callback()?;
+        self.coherence
+            .callback_holds(&cb, inode.id, parent)
+            .then_some(cb.stat)
     }
 
     pub fn forget(&self, id: u64, n: u64) {
