@@ -84,8 +84,10 @@ pub struct Counters {
     pub changes_detected: AtomicU64,
     pub callbacks_granted: AtomicU64,
     pub callbacks_broken: AtomicU64,
-    /// Opens and `getattr`s answered by a callback, without asking the source.
+    /// Opens, `getattr`s and lookups answered by a callback, without asking the source.
     pub callback_hits: AtomicU64,
+    /// Of those, lookups (a name and its attributes).
+    pub callback_names: AtomicU64,
     /// Opendirs answered by a directory's listing held under callback (`ListingCallback`).
     pub listing_hits: AtomicU64,
     /// Looks at unwatched files that stand for `--open-lease` (`OpenLease`), and opens
@@ -120,11 +122,13 @@ pub struct CoherenceSnapshot {
     pub leases_expired: u64,
     /// Source changes made behind the mount that invalidated something.
     pub changes_detected: u64,
-    /// Files the watcher covers (`Callback`s): granted, broken by an event, and opens or
-    /// `getattr`s they answered without asking the source; files watched themselves.
+    /// Files the watcher covers (`Callback`s): granted, broken by an event, and opens,
+    /// `getattr`s and lookups they answered without asking the source
+    /// (`callback_names`: the lookups); files watched themselves.
     pub callbacks_granted: u64,
     pub callbacks_broken: u64,
     pub callback_hits: u64,
+    pub callback_names: u64,
     /// Opendirs that read nothing from the source: the directory's listing, taken while
     /// its watch stood, had no event since (`ListingCallback`).
     pub listing_hits: u64,
@@ -489,6 +493,7 @@ impl Coherence {
             callbacks_granted: c.callbacks_granted.load(Relaxed),
             callbacks_broken: c.callbacks_broken.load(Relaxed),
             callback_hits: c.callback_hits.load(Relaxed),
+            callback_names: c.callback_names.load(Relaxed),
             listing_hits: c.listing_hits.load(Relaxed),
             open_leases_granted: c.open_leases_granted.load(Relaxed),
             open_lease_hits: c.open_lease_hits.load(Relaxed),

@@ -528,8 +528,14 @@ fn encode(e: &mut DescriptorEncoder, snap: &Snapshot, stats: &Stats) -> fmt::Res
         (
             "hoardfs_callback_hits_total",
             Counter,
-            "Opens and getattrs answered by a callback without asking the source.",
+            "Opens, getattrs and lookups answered by a callback without asking the source.",
             h.callback_hits,
+        ),
+        (
+            "hoardfs_callback_names_total",
+            Counter,
+            "Lookups answered by a callback without asking the source.",
+            h.callback_names,
         ),
         (
             "hoardfs_listing_hits_total",

@@ -462,6 +462,7 @@ impl Snapshot {
             ("callbacks_granted", h.callbacks_granted),
             ("callbacks_broken", h.callbacks_broken),
             ("callback_hits", h.callback_hits),
+            ("callback_names", h.callback_names),
             ("listing_hits", h.listing_hits),
             ("open_leases_granted", h.open_leases_granted),
             ("open_lease_hits", h.open_lease_hits),

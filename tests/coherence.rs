@@ -590,7 +590,7 @@ fn callbacks_answer_lookups_until_any_change_breaks_them() {
     let src = t.s("f");
     let body = |len: u64| vec![b'x'; len as usize];
     fs::write(&src, body(1)).unwrap();
-    let hits = |t: &TestMount| t.stats().coherence.callback_hits;
+    let hits = |t: &TestMount| t.stats().coherence.callback_names;
     let lookups = |t: &TestMount| t.stats().requests["lookup"];
     for round in 0..40u64 {
         let len = round + 1;
@@ -674,7 +674,7 @@ fn lookups_under_callbacks_never_show_a_size_older_than_a_finished_change() {
     let late: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let wrong: Arc<Mutex<Vec<String>>> = Arc::default();
     let (stats, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let hits_before = t.stats().coherence.callback_hits;
+    let hits_before = t.stats().coherence.callback_names;
     let mnt_f = t.m("f");
     let mut threads = Vec::new();
     // The reader's opens grant callbacks only in the writer's quiet spells, so that a
@@ -762,11 +762,11 @@ fn lookups_under_callbacks_never_show_a_size_older_than_a_finished_change() {
     for th in threads {
         th.join().unwrap();
     }
-    let hits = t.stats().coherence.callback_hits - hits_before;
+    let hits = t.stats().coherence.callback_names - hits_before;
     let (n, errors) = (stats.load(SeqCst), errors.load(SeqCst));
     let (wrong, late) = (wrong.lock().unwrap(), late.lock().unwrap());
     eprintln!(
-        "{n} stats, {hits} looks answered by callbacks; {} older sizes, the latest {:?} after the change",
+        "{n} stats, {hits} lookups answered by callbacks; {} older sizes, the latest {:?} after the change",
         late.len(),
         late.iter().max()
     );
@@ -778,7 +778,7 @@ fn lookups_under_callbacks_never_show_a_size_older_than_a_finished_change() {
     );
     assert!(
         hits > 100,
-        "only {hits} looks answered by callbacks in {n} stats"
+        "only {hits} lookups answered by callbacks in {n} stats"
     );
 }
 

@@ -12,6 +12,7 @@ use fuser::{Errno, FileAttr};
 
 use super::{CachingFs, FileState, Inode, Result, attr_told, child, errno};
 use crate::source::{SetAttr, Stat};
+use crate::stats::Stats;
 use crate::sync::MutexGuard;
 
 impl CachingFs {
@@ -54,9 +55,11 @@ impl CachingFs {
             return None;
         }
         let cb = inode.callback()?;
-        self.coherence
-            .callback_holds(&cb, inode.id, parent)
-            .then_some(cb.stat)
+        let holds = self.coherence.callback_holds(&cb, inode.id, parent);
+        if holds {
+            Stats::add(&self.coherence.counters.callback_names, 1);
+        }
+        holds.then_some(cb.stat)
     }
 
     pub fn forget(&self, id: u64, n: u64) {
