@@ -2,11 +2,11 @@
 """bench/tools/crossings.py: issue 23's small-file rows with the requests behind them.
 
     sudo bench/tools/crossings.py TREE [GIT_CHECKOUT] [--rounds N] [--ops walk,...]
-                                  [--bin HOARDFS]...
+                                  [--variants default,ko,kd] [--bin HOARDFS]...
 
 For each round, systems interleaved: native (TREE read directly), bindfs, and each
 hoardfs binary given (default target/release/hoardfs), once with its defaults and once
-with --kernel-opens. For each operation (stat walk, ReadAll, `grep -r` with no match,
+with --kernel-opens (`--variants`: also kd, --kernel-dir-opens). For each operation (stat walk, ReadAll, `grep -r` with no match,
 and `git status` in a copy of GIT_CHECKOUT) a fresh mount with an empty cache, then:
 
   cold  caches dropped (for hoardfs: the persistent cache empty)
@@ -124,15 +124,20 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bin", action="append", default=[])
     p.add_argument("--ops", default=",".join(OPS), help="of: " + ", ".join(OPS))
+    p.add_argument("--variants", default="default,ko",
+                   help="hoardfs mounts: default, ko (--kernel-opens), kd (--kernel-dir-opens)")
     a = p.parse_args()
     bins = a.bin or [os.path.join(ROOT, "target/release/hoardfs")]
     os.makedirs(WORK, exist_ok=True)
     sh("cc", "-O2", "-o", BT, os.path.join(HERE, "bt.c"))
     systems = [System("native"), System("bindfs")]
+    variants = {"default": ("hoardfs", []), "ko": ("hoardfs-ko", ["--kernel-opens"]),
+                "kd": ("hoardfs-kd", ["--kernel-dir-opens"])}
     for i, b in enumerate(bins):
         tag = "" if len(bins) == 1 else str(i + 1)
-        systems.append(System("hoardfs" + tag, b))
-        systems.append(System("hoardfs-ko" + tag, b, ["--kernel-opens"]))
+        for v in a.variants.split(","):
+            name, extra = variants[v]
+            systems.append(System(name + tag, b, extra))
     ops = [op for op in a.ops.split(",") if op != "git" or a.git_checkout]
     if a.git_checkout:
         os.makedirs(os.path.join(WORK, "git"), exist_ok=True)
