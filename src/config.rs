@@ -116,6 +116,10 @@ pub struct Config {
     /// The kernel opens files itself and keeps their pages between opens
     /// (`fs/kernel_opens.rs`): no OPEN, FLUSH or RELEASE reaches the daemon.
     pub kernel_opens: bool,
+    /// The kernel opens directories itself and keeps their listings between opens, while
+    /// files are opened through the daemon as usual (`fs/kernel_opens.rs`): no OPENDIR or
+    /// RELEASEDIR reaches the daemon. Implied by `kernel_opens`.
+    pub kernel_dir_opens: bool,
     /// Large files not yet cached are read by the kernel from the source file itself
     /// (passthrough to the source), and what was read is copied into the cache at close
     /// (`fs/source_reads.rs`). Sources without a source timeout only.
@@ -193,6 +197,7 @@ impl Config {
             open_lease: Duration::ZERO,
             passthrough: true,
             kernel_opens: false,
+            kernel_dir_opens: false,
             source_reads: false,
             allow_other: false,
             read_only: false,

@@ -282,6 +282,8 @@ pub struct CachingFs {
     /// With `--kernel-opens`: handles kept for removed files, listings being read
     /// (`fs/kernel_opens.rs`).
     kernel_opens: Option<kernel_opens::KernelOpens>,
+    /// Listings served to directories the kernel opened itself (`fs/kernel_opens.rs`).
+    kernel_listings: Option<kernel_opens::KernelListings>,
     /// Serialises offline changes to the saved listings.
     offline_edits: Mutex<()>,
     /// Files closed with fills or writes waiting for one sync of the cache (`fs/commit.rs`).
@@ -441,6 +443,7 @@ impl CachingFs {
             offline_writers: AtomicU64::new(0),
             uploads_done: AtomicU64::new(0),
             kernel_opens: cfg.kernel_opens.then(Default::default),
+            kernel_listings: (cfg.kernel_opens || cfg.kernel_dir_opens).then(Default::default),
             offline_edits: Mutex::new(()),
             commits: Default::default(),
             lock_waits: Default::default(),

@@ -116,14 +116,19 @@ impl Filesystem for FuseAdapter {
         let mut want = InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO;
-        // A source without locks (an object store): without these the kernel keeps them
-        // itself, local to this machine.
         if self.fs.kernel_opens() {
-            // No open or close reaches us: the kernel drops its pages of a file whose
-            // size or mtime it finds changed once its attributes expire, and keeps locks
-            // itself (a close would have to reach us to drop them on the source).
+            // No open reaches us: the kernel drops its pages of a file whose size or mtime
+            // it finds changed once its attributes expire, and its listing of a directory
+            // whose mtime it finds changed when a listing begins. Not for directories
+            // alone (`--kernel-dir-opens`): the kernel would drop files' pages on its own
+            // too, between a write's copy and its arrival (`tests/direct_writes.rs`);
+            // their listings expire by the daemon's notice instead (`kernel_listing`).
             want |= InitFlags::FUSE_AUTO_INVAL_DATA;
-        } else if self.fs.caps().posix_locks {
+        }
+        // Without these the kernel keeps locks itself, local to this machine: for a source
+        // without locks (an object store), and with kernel opens (a close would have to
+        // reach us to drop them on the source).
+        if !self.fs.kernel_opens() && self.fs.caps().posix_locks {
             // flock(2) arrives as a whole-file lock owned by the open file; it is taken on
             // the source like POSIX locks, so it excludes across mounts.
             want |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
@@ -442,7 +447,7 @@ impl Filesystem for FuseAdapter {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let call = self.call(Op::Opendir, req);
-        if self.fs.kernel_opens() {
+        if self.fs.kernel_dir_opens() {
             // The kernel opens directories itself and keeps their listings.
             return reply.error(Errno::ENOSYS);
         }

@@ -389,6 +389,15 @@ pub static OPTIONS: &[Opt] = &[
          the mount reach readers by the watcher's notices or the attribute TTL, not at \
          open; no passthrough; locks are local to this machine (README, \"Kernel opens\")",
     ),
+    Opt::switch("kernel_dir_opens", "kernel_dir_opens", None, KERNEL, |c, on| {
+        c.kernel_dir_opens |= on
+    })
+    .help(
+        "Let the kernel open directories itself and keep their listings between opens \
+         (files are opened as usual): no request per opendir or closedir, for trees that \
+         are walked again and again. A change behind the mount reaches listings by the \
+         watcher's notices or the attribute TTL (README, \"Kernel opens\")",
+    ),
     Opt::switch("source_reads", "source_reads", None, KERNEL, |c, on| {
         c.source_reads |= on
     })

@@ -782,6 +782,68 @@ fn lookups_under_callbacks_never_show_a_size_older_than_a_finished_change() {
     );
 }
 
+/// With `--kernel-dir-opens` the kernel opens directories itself and keeps their listings
+/// between opens: no opendir reaches the daemon. A name made, removed or renamed behind
+/// the mount is listed once the watcher's notice has dropped the kernel's listing (the
+/// watched TTL is 60 s: nothing else would), and where nothing is watched once the
+/// unwatched attribute TTL (1 s) has passed. There the kernel, which checks permissions
+/// itself, refreshes an open's attributes after the TTL and drops a listing older than
+/// the directory's mtime; the daemon's notice at the end of the listing's lease
+/// (`kernel_listing`) covers the changes that leave the mtime as it was, which this test
+/// does not make. The listings are taken through `/proc/self/fd` of an open descriptor
+/// of the directory, so that no lookup of its name comes between. A name made through
+/// the mount is listed at once.
+#[test]
+fn kernel_dir_opens_keep_listings_until_a_notice_or_the_ttl() {
+    for watched in [true, false] {
+        let args: &[&str] = if watched {
+            &["--kernel-dir-opens"]
+        } else {
+            &["--kernel-dir-opens", "--watch", "off"]
+        };
+        let t = TestMount::new(args);
+        fs::create_dir(t.s("d")).unwrap();
+        fs::write(t.s("d/a0"), b"x").unwrap();
+        let dir = fs::File::open(t.m("d")).unwrap();
+        let by_fd = Path::new("/proc/self/fd").join(dir.as_raw_fd().to_string());
+        // The first opendir is the one answered ENOSYS; the kernel keeps the listings
+        // of the opens after it.
+        for _ in 0..2 {
+            assert_eq!(names(&by_fd), names(&t.s("d")));
+        }
+        let opendirs = t.stats().requests["opendir"];
+        let bound = if watched {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_millis(1500)
+        };
+        for round in 0..6u32 {
+            let first = names(&t.s("d")).into_iter().next().unwrap();
+            match round % 3 {
+                0 => fs::write(t.s(&format!("d/b{round}")), b"x").unwrap(),
+                1 => fs::rename(t.s(&format!("d/{first}")), t.s(&format!("d/r{round}"))).unwrap(),
+                _ => fs::remove_file(t.s(&format!("d/{first}"))).unwrap(),
+            }
+            wait_until(
+                bound,
+                &format!("{args:?} round {round}: the change behind the mount listed"),
+                || names(&by_fd) == names(&t.s("d")),
+            );
+            fs::write(t.m(&format!("d/m{round}")), b"").unwrap();
+            assert_eq!(
+                names(&by_fd),
+                names(&t.s("d")),
+                "{args:?} round {round}: a name made through the mount"
+            );
+        }
+        assert_eq!(
+            t.stats().requests["opendir"],
+            opendirs,
+            "{args:?}: an opendir reached the daemon"
+        );
+    }
+}
+
 /// Writes `data` to the source's `f` behind the mount: 0 in place (same size), 1
 /// truncated and rewritten, 2 renamed over.
 fn change_f_behind(t: &TestMount, how: u32, data: &str) {

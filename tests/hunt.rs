@@ -673,6 +673,31 @@ fn no_wrong_or_stale_bytes_on_a_watched_local_source_under_callbacks() {
     );
 }
 
+/// Directories opened by the kernel (`--kernel-dir-opens`): listings kept between opens,
+/// dropped by the watcher's notices or, unwatched, by the daemon's at the end of their
+/// lease; files opened through the daemon as by default.
+#[test]
+fn no_wrong_or_stale_bytes_on_a_watched_local_source_with_kernel_dir_opens() {
+    hunt(
+        "watched, kernel dir opens",
+        false,
+        &["--kernel-dir-opens"],
+        &ALL,
+        Duration::from_millis(100),
+    );
+}
+
+#[test]
+fn no_wrong_or_stale_bytes_on_an_unwatched_local_source_with_kernel_dir_opens() {
+    hunt(
+        "unwatched, kernel dir opens",
+        false,
+        &["--watch", "off", "--kernel-dir-opens"],
+        &ALL,
+        Duration::from_millis(100),
+    );
+}
+
 /// With open leases (`--open-lease 0.3`) an open may answer from a look up to 0.3 s old:
 /// the bound grows by that, and nothing else changes (no wrong bytes, no wrong listings).
 #[test]

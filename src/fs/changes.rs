@@ -253,12 +253,17 @@ impl CachingFs {
     }
 
     /// Revalidates open files whose leases expired, and renews the leases of those still
-    /// open.
+    /// open; a directory's listing kept by the kernel (`kernel_listing`) is dropped.
     pub fn leases_expired(&self, ids: Vec<u64>) {
         for id in ids {
             let Some(inode) = self.inodes.get(id) else {
                 continue;
             };
+            if inode.file_type == libc::S_IFDIR {
+                self.coherence.counters.leases_expired.fetch_add(1, Relaxed);
+                self.coherence.notify(Notice::Inode(id));
+                continue;
+            }
             let Some(st) = self.stat_open(&inode) else {
                 continue; // closed: the lease ends with the last handle
             };

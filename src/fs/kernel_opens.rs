@@ -17,7 +17,8 @@
 //! their listings (`FOPEN_CACHE_DIR`) and asks again from offset 0 once a notice, a change
 //! through the mount or, with `FUSE_AUTO_INVAL_DATA`, a new mtime makes them stale. A
 //! listing read in several requests continues in the listing it began in: its offsets
-//! carry the listing's number.
+//! carry the listing's number (`KernelListings`). `--kernel-dir-opens` does this for
+//! directories alone, and files are opened through the daemon as usual.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -35,14 +36,11 @@ use crate::coherence::Notice;
 /// Listings kept for directories the kernel reads in several requests.
 const LISTINGS_KEPT: usize = 64;
 
-/// The state `--kernel-opens` needs.
+/// The state `--kernel-opens` needs for files.
 #[derive(Default)]
 pub(super) struct KernelOpens {
     /// Handles kept for removed files, by node, until the kernel forgets them.
     kept: Mutex<HashMap<u64, u64>>,
-    /// Listings begun lately (offset 0), newest first, by number.
-    listings: Mutex<VecDeque<(u64, Arc<DirList>)>>,
-    next_listing: AtomicU64,
     /// Nodes served while their version was racy (`CachingFs::fetched_identity`: a write
     /// may still have been copying its bytes), and when that window ends. No open comes
     /// to compare them then, and the kernel would keep what those reads got for good (the
@@ -50,6 +48,15 @@ pub(super) struct KernelOpens {
     /// afterwards): once the window has passed, their pages are dropped, and the next
     /// read's open compares the cached bytes with the source's (`drop_racy_pages`).
     racy: Mutex<HashMap<u64, Instant>>,
+}
+
+/// The state directories opened by the kernel need (`--kernel-opens`,
+/// `--kernel-dir-opens`).
+#[derive(Default)]
+pub(super) struct KernelListings {
+    /// Listings begun lately (offset 0), newest first, by number.
+    listings: Mutex<VecDeque<(u64, Arc<DirList>)>>,
+    next_listing: AtomicU64,
 }
 
 /// Handles opened for one request pass no file to the kernel.
@@ -60,6 +67,11 @@ fn no_backing(_: &File) -> io::Result<BackingId> {
 impl CachingFs {
     pub fn kernel_opens(&self) -> bool {
         self.kernel_opens.is_some()
+    }
+
+    /// Whether the kernel opens directories itself (with `kernel_opens`, or alone).
+    pub fn kernel_dir_opens(&self) -> bool {
+        self.kernel_listings.is_some()
     }
 
     /// Runs `op` on handle `fh` of node `id`; for handle 0 (a kernel open), on one opened
@@ -206,12 +218,28 @@ impl CachingFs {
         }
     }
 
+    /// A listing served to a kernel-opened directory ends (this READDIR returns nothing):
+    /// the kernel keeps every such listing, and would keep this one as the directory's
+    /// even if the directory changed while it was read (another reader began the cache
+    /// anew after the change, and this one's last entries came at its end:
+    /// `CachingFs::listing_ends`), so a listing older than a change of a name is dropped
+    /// from the kernel before the reply.
+    fn kernel_listing_ends(&self, list: &DirList) {
+        let changed = self
+            .inodes
+            .get(list.dir_id)
+            .is_some_and(|dir| dir.callback_breaks() != list.breaks);
+        if changed {
+            self.coherence.drop_kernel_listing(list.dir_id);
+        }
+    }
+
     /// What a READDIR with no handle serves: a new listing at offset 0; further on, the
     /// rest of the listing the offset names. (A listing no longer kept, after
     /// `LISTINGS_KEPT` others began meanwhile, is read anew and served from the same
     /// index.)
     pub(super) fn kernel_listing(&self, id: u64, offset: u64) -> Result<Listing> {
-        let ko = self.kernel_opens.as_ref().ok_or(Errno::EBADF)?;
+        let ko = self.kernel_listings.as_ref().ok_or(Errno::EBADF)?;
         let (number, start) = (offset >> 32, (offset & 0xffff_ffff) as usize);
         if offset != 0 {
             let listings = ko.listings.lock().unwrap();
@@ -220,6 +248,10 @@ impl CachingFs {
                 .find(|(n, l)| *n == number && l.dir_id == id)
             {
                 let list = list.clone();
+                drop(listings);
+                if start >= list.entries.len() {
+                    self.kernel_listing_ends(&list);
+                }
                 return Ok(Listing {
                     list,
                     start,
@@ -228,6 +260,18 @@ impl CachingFs {
             }
         }
         let list = Arc::new(self.list_dir(id)?);
+        if self.kernel_opens.is_none() && !self.coherence.watched(id) {
+            // No event will drop the listing the kernel keeps now. The kernel drops it by
+            // itself when an open finds the directory's mtime changed once its attributes
+            // expired (it checks permissions, and so refreshes them); not where a change
+            // left the mtime as it was (whole-second timestamps, object stores). A notice
+            // drops it once the attribute TTL of unwatched directories has passed
+            // (`leases_expired`).
+            let ttl = self.coherence.tunables.attr(false);
+            self.coherence
+                .leases
+                .grant(id, ttl, &self.coherence.counters);
+        }
         // Nonzero, and below 2^31 so that offsets stay positive as the kernel's `loff_t`.
         let number = ko.next_listing.fetch_add(1, Ordering::Relaxed) % ((1 << 31) - 1) + 1;
         let mut listings = ko.listings.lock().unwrap();
