@@ -619,6 +619,19 @@ pub struct InodeTable<F> {
 }
 
 impl<F> Inner<F> {
+    /// The entries known by `path` now (the name index lists every entry that had it;
+    /// their own names say which still have it).
+    fn holders(&self, path: &Path) -> Vec<Arc<Inode<F>>> {
+        let Some(ids) = self.index.lock().unwrap().get(path).cloned() else {
+            return Vec::new();
+        };
+        ids.iter()
+            .filter_map(|id| self.by_id.get(id))
+            .filter(|e| e.inode.names.lock().unwrap().iter().any(|p| p == path))
+            .map(|e| e.inode.clone())
+            .collect()
+    }
+
     /// A new entry for the object `st` at `path` in `parent`, with the next node id (not
     /// yet in the table).
     fn new_inode(&mut self, parent: u64, path: &Path, st: &Stat) -> Arc<Inode<F>> {
@@ -913,21 +926,10 @@ impl<F> InodeTable<F> {
             return Vec::new();
         }
         let inner = self.inner.lock().unwrap();
-        let candidates: Vec<(&PathBuf, Vec<u64>)> = {
-            let index = inner.index.lock().unwrap();
-            paths
-                .iter()
-                .filter_map(|p| Some((p, index.get(p)?.clone())))
-                .collect()
-        };
         let mut out = Vec::new();
-        for (p, ids) in candidates {
-            for id in ids {
-                if let Some(e) = inner.by_id.get(&id)
-                    && e.inode.names.lock().unwrap().contains(p)
-                {
-                    out.push((p.clone(), e.inode.clone()));
-                }
+        for p in paths {
+            for inode in inner.holders(p) {
+                out.push((p.clone(), inode));
             }
         }
         out
@@ -935,20 +937,8 @@ impl<F> InodeTable<F> {
 
     /// The one entry known by `path`, if exactly one is (found through the name index).
     pub fn named(&self, path: &Path) -> Option<Arc<Inode<F>>> {
-        let inner = self.inner.lock().unwrap();
-        let ids = inner.index.lock().unwrap().get(path)?.clone();
-        let mut holders = ids.iter().filter_map(|id| {
-            let e = inner.by_id.get(id)?;
-            e.inode
-                .names
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|p| p == path)
-                .then(|| e.inode.clone())
-        });
-        let first = holders.next()?;
-        holders.next().is_none().then_some(first)
+        let mut holders = self.inner.lock().unwrap().holders(path);
+        (holders.len() == 1).then(|| holders.remove(0))
     }
 
     /// Whether the kernel references node `id` (it may have it open).

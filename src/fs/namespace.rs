@@ -50,6 +50,9 @@ impl CachingFs {
     /// change of the name behind the mount is an event in `parent`, which breaks the
     /// callbacks of the files it names; one through the mount moves the name in the table.
     fn called_back(&self, parent: u64, path: &Path) -> Option<Stat> {
+        // Where no callback can stand (nothing watched, `close_to_open`), the table is
+        // not searched at all.
+        self.coherence.callback_mark(parent)?;
         let inode = self.inodes.named(path)?;
         if inode.parent() != parent || inode.is_retired() {
             return None;
