@@ -316,15 +316,6 @@ fn time(t: (i64, u32)) -> SystemTime {
     }
 }
 
-/// `inode`'s attributes for a reply to the kernel, which takes the file's size from them:
-/// remembered (`Inode::told_kernel_size`), so that an open serving another size makes the
-/// kernel drop it (`finish_open`). Every reply that gives a node's attributes takes them
-/// from here (a listing's entry for its own directory aside).
-pub fn attr_told(inode: &Inode, st: &Stat) -> FileAttr {
-    inode.told_kernel_size(st.size);
-    attr_of(inode.id, st)
-}
-
 pub fn attr_of(id: u64, st: &Stat) -> FileAttr {
     FileAttr {
         ino: fuser::INodeNo(id),
@@ -483,6 +474,17 @@ impl CachingFs {
             stats: &self.stats.cache,
             chunk_size: self.cfg.chunk_size,
         }
+    }
+
+    /// `inode`'s attributes for a reply to the kernel, which takes the file's size from
+    /// them: remembered (`Inode::told_kernel_size`), so that an open serving another size
+    /// makes the kernel drop it (`finish_open`); and, for files the kernel opens itself,
+    /// the version they show (`kernel_version_told`). Every reply that gives a node's
+    /// attributes takes them from here (a listing's entry for its own directory aside).
+    fn attr_told(&self, inode: &Inode, st: &Stat) -> FileAttr {
+        inode.told_kernel_size(st.size);
+        self.kernel_version_told(inode, st);
+        attr_of(inode.id, st)
     }
 
     /// The identity to record for a version `st` whose bytes the mount wrote or kept (its

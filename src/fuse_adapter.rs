@@ -116,15 +116,10 @@ impl Filesystem for FuseAdapter {
         let mut want = InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO;
-        if self.fs.kernel_opens() {
-            // No open reaches us: the kernel drops its pages of a file whose size or mtime
-            // it finds changed once its attributes expire, and its listing of a directory
-            // whose mtime it finds changed when a listing begins. Not for directories
-            // alone (`--kernel-dir-opens`): the kernel would drop files' pages on its own
-            // too, between a write's copy and its arrival (`tests/direct_writes.rs`);
-            // their listings expire by the daemon's notice instead (`kernel_listing`).
-            want |= InitFlags::FUSE_AUTO_INVAL_DATA;
-        }
+        // Never `FUSE_AUTO_INVAL_DATA`: the kernel would drop a file's pages when it sees a
+        // new mtime, also between a write's copy into them and its arrival here, and keep
+        // what a reader fetched meanwhile. Pages are dropped by our notices only
+        // (`CachingFs::kernel_version_told`).
         // Without these the kernel keeps locks itself, local to this machine: for a source
         // without locks (an object store), and with kernel opens (a close would have to
         // reach us to drop them on the source).

@@ -149,6 +149,11 @@ pub struct Inode<F> {
     /// (`told_kernel_size`), with `TOLD_CHANGED` set unless the reply before it gave the
     /// same: the kernel cuts cached reads at the size it holds, which is one of these.
     told_size: AtomicU64,
+    /// A hash of the size and times the last reply with this node's attributes gave the
+    /// kernel (`told_kernel_version`; 0: none yet). Kernel opens (`fs/kernel_opens.rs`)
+    /// drop the kernel's pages of a file whose version moved otherwise than by the mount's
+    /// own writes.
+    told_version: AtomicU64,
     /// A request through a kernel open (`fs/kernel_opens.rs`) was served: the kernel may
     /// hold pages of the file that no open of ours decided on.
     served_kernel_open: AtomicBool,
@@ -242,6 +247,7 @@ impl<F> Inode<F> {
             content: AtomicU64::new(0),
             pages_dropped: AtomicU64::new(0),
             told_size: AtomicU64::new(u64::MAX),
+            told_version: AtomicU64::new(0),
             served_kernel_open: AtomicBool::new(false),
             handed_out: AtomicBool::new(false),
             page_cache_readers: AtomicBool::new(false),
@@ -358,6 +364,13 @@ impl<F> Inode<F> {
                 size | TOLD_CHANGED
             })
         });
+    }
+
+    /// A reply is about to give the kernel attributes of this node whose size and times
+    /// hash to `version` (never 0). `true`: an earlier reply gave another.
+    pub fn told_kernel_version(&self, version: u64) -> bool {
+        let old = self.told_version.swap(version, Ordering::AcqRel);
+        old != 0 && old != version
     }
 
     /// A write through the mount ended at `end`: the kernel extends the size it holds to
@@ -1093,6 +1106,19 @@ mod tests {
         );
         f.told_kernel_size(80);
         assert!(f.kernel_holds_size(80));
+    }
+
+    #[test]
+    fn a_version_told_moves_only_from_another_told_before_it() {
+        let t = table(100, 0);
+        let f = t.lookup(1, Path::new("f"), &file(10));
+        assert!(
+            !f.told_kernel_version(7),
+            "nothing told before: nothing moved"
+        );
+        assert!(!f.told_kernel_version(7));
+        assert!(f.told_kernel_version(8));
+        assert!(!f.told_kernel_version(8));
     }
 
     /// `holders_of` finds through the name index exactly the entries that hold each name,

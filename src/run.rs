@@ -257,11 +257,18 @@ fn serve(cfg: Config, store: CacheStore, ready: &mut Option<OwnedFd>) -> anyhow:
         while !stop.is_set() {
             match inval_rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
                 Ok(Some(Notice::Inode(id))) => {
-                    let inode = table_fs.upgrade().and_then(|fs| fs.inodes.get(id));
+                    let fs = table_fs.upgrade();
+                    let inode = fs.as_ref().and_then(|fs| fs.inodes.get(id));
                     let version = inode.as_ref().map(|i| i.content_version());
                     // Not the pages while writes through them may be under way: the last
                     // such writer's release sends this again (`Inode::page_cache_writers`).
-                    let pages = inode.as_ref().is_none_or(|i| i.begin_page_invalidation());
+                    // Nor pages that hold the mount's own writes, under kernel opens
+                    // (`pages_follow_own_writes`).
+                    let own_pages = (fs.as_ref().zip(inode.as_ref()))
+                        .is_some_and(|(fs, i)| fs.pages_follow_own_writes(i));
+                    drop(fs);
+                    let pages =
+                        !own_pages && inode.as_ref().is_none_or(|i| i.begin_page_invalidation());
                     let sent = if pages {
                         notifier.inval_inode(id)
                     } else {

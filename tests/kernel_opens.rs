@@ -360,3 +360,48 @@ fn a_write_through_a_link_outside_the_source_reaches_readers_within_the_unwatche
     }
     eprintln!("new bytes after {:?}", start.elapsed());
 }
+
+/// Where nothing watches the source, a change behind the mount that keeps the size (and
+/// comes after the version the kernel holds stopped being racy, so no drop of racy pages
+/// helps) reaches readers once the attribute TTL is over: the reply that gives the kernel
+/// the new mtime has the daemon drop the pages (`kernel_version_told`; the kernel itself
+/// drops none on a new mtime, without `FUSE_AUTO_INVAL_DATA`). Own writes drop none.
+#[test]
+fn an_unwatched_change_of_the_same_size_drops_the_pages_once_the_ttl_is_over() {
+    let t = TestMount::new(&["--kernel-opens", "--watch", "off", "--attr-ttl", "1"]);
+    let old = pattern(64 << 10, 1);
+    fs::write(t.s("f"), &old).unwrap();
+    // Past the racy window (the timestamp granularity and a second for writes in flight).
+    std::thread::sleep(Duration::from_millis(1300));
+    assert_eq!(fs::read(t.m("f")).unwrap(), old);
+    assert_eq!(fs::read(t.m("f")).unwrap(), old);
+    // A write through the mount, and the attributes that show its version: the kernel's
+    // pages hold it, and it drops none of them.
+    let mine = pattern(64 << 10, 2);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.m("f"))
+        .unwrap()
+        .write_all_at(&mine, 0)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1300));
+    let before = requests(&t);
+    assert_eq!(fs::read(t.m("f")).unwrap(), mine);
+    assert_eq!(fs::read(t.m("f")).unwrap(), mine);
+    let reads = grown(&before, &requests(&t))
+        .get("read")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(reads, 0, "the pages of an own write were dropped");
+    let new = pattern(64 << 10, 3);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.s("f"))
+        .unwrap()
+        .write_all_at(&new, 0)
+        .unwrap();
+    let took = wait_until(Duration::from_secs(5), "a change behind the mount", || {
+        fs::read(t.m("f")).unwrap() == new
+    });
+    eprintln!("new bytes after {took:?}");
+}

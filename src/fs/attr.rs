@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileAttr};
 
-use super::{CachingFs, Inode, Result, attr_told, entry, errno};
+use super::{CachingFs, Inode, Result, entry, errno};
 
 use crate::coherence::Notice;
 use crate::source::SourceReader;
@@ -44,7 +44,7 @@ impl CachingFs {
             st.mtime = kept.mtime;
             st.ctime = kept.ctime;
         }
-        Ok(attr_told(&inode, &st))
+        Ok(self.attr_told(&inode, &st))
     }
 
     fn getattr_source(&self, id: u64, fh: Option<u64>) -> Result<Stat> {
@@ -201,14 +201,16 @@ impl CachingFs {
             return self.truncate(&inode, path.as_deref(), src_fd, size, attr);
         }
         let _changing = inode.own_change();
+        let own = self.own_write(id);
         self.source
             .set_attr(path.as_deref(), object_fd, &attr)
             .map_err(errno)?;
         let after = stat_now().map_err(errno)?;
+        own.done(&after);
         if let (true, Some(path)) = (after.is_file(), &path) {
             self.own_change(path, &before, &after, attr.mtime.is_some());
         }
-        Ok(attr_told(&inode, &after))
+        Ok(self.attr_told(&inode, &after))
     }
 
     /// The `O_PATH` descriptor of node `inode`'s file while its state is loaded (a regular
@@ -309,12 +311,16 @@ impl CachingFs {
             state.fetch.invalidate();
             state.mark_written(&self.env());
         }
+        let own = self.own_write(inode.id);
         let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
         let after = match (fd, path) {
             (Some(f), _) => self.source.fstat(f.as_fd()),
             (None, Some(path)) => self.source.stat(path),
             (None, None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
         };
+        if let Ok(after) = &after {
+            own.done(after);
+        }
         match guard.as_mut() {
             Some(state) => {
                 let after = after.as_ref().ok().filter(|_| r.is_ok());
@@ -327,7 +333,7 @@ impl CachingFs {
             }
         }
         r.map_err(errno)?;
-        Ok(attr_told(inode, &after.map_err(errno)?))
+        Ok(self.attr_told(inode, &after.map_err(errno)?))
     }
 
     pub fn statfs(&self) -> Result<libc::statvfs> {

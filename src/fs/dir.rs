@@ -12,8 +12,7 @@ use std::time::Instant;
 use fuser::{Errno, FileAttr, FileType, FopenFlags};
 
 use super::{
-    CachingFs, DirList, Inode, ListEntry, Listing, Result, attr_of, attr_told, child, errno,
-    kind_of,
+    CachingFs, DirList, Inode, ListEntry, Listing, Result, attr_of, child, errno, kind_of,
 };
 use crate::source::DirEntry;
 
@@ -168,7 +167,7 @@ impl CachingFs {
                 }
                 let path = child(&list.path, &e.name).ok()?;
                 let inode = self.inodes.lookup(list.dir_id, &path, &st);
-                Some(attr_told(&inode, &st))
+                Some(self.attr_told(&inode, &st))
             })
             .collect()
     }

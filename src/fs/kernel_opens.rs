@@ -3,7 +3,10 @@
 //! (`FOPEN_KEEP_CACHE` is its default then) and sends no FLUSH or RELEASE, so a warm
 //! read of a cached file costs no request at all. Changes behind the mount reach the
 //! kernel's pages only by the watcher's notices (`fs/changes.rs`) and, where nothing
-//! watches, by the attribute TTL (`FUSE_AUTO_INVAL_DATA`): no open looks at the source.
+//! watches, by a notice once the attribute TTL has run out and a reply shows a new
+//! version (`kernel_version_told`): no open looks at the source. The kernel copies a
+//! write into its pages before it sends it, so the mount's own writes drop no pages
+//! (`OwnWrites`).
 //!
 //! Requests on such files carry no handle (fh 0). Each is served through a handle opened
 //! for it alone and released after it, so it sees what an open would: the cache state
@@ -15,7 +18,7 @@
 //!
 //! Directories are opened by the kernel too (OPENDIR answered `ENOSYS`), which then keeps
 //! their listings (`FOPEN_CACHE_DIR`) and asks again from offset 0 once a notice, a change
-//! through the mount or, with `FUSE_AUTO_INVAL_DATA`, a new mtime makes them stale. A
+//! through the mount or a new mtime (which it checks itself) makes them stale. A
 //! listing read in several requests continues in the listing it began in: its offsets
 //! carry the listing's number (`KernelListings`). `--kernel-dir-opens` does this for
 //! directories alone, and files are opened through the daemon as usual.
@@ -32,6 +35,7 @@ use fuser::{BackingId, Errno};
 use super::open::PASSTHROUGH_RELEASE_WAIT;
 use super::{CachingFs, DirList, Inode, Listing, Result};
 use crate::coherence::Notice;
+use crate::source::Stat;
 
 /// Listings kept for directories the kernel reads in several requests.
 const LISTINGS_KEPT: usize = 64;
@@ -48,6 +52,64 @@ pub(super) struct KernelOpens {
     /// afterwards): once the window has passed, their pages are dropped, and the next
     /// read's open compares the cached bytes with the source's (`drop_racy_pages`).
     racy: Mutex<HashMap<u64, Instant>>,
+    /// Files written through the mount, by node, until the kernel forgets them: the
+    /// versions their writes left (`OwnWrites`).
+    own: Mutex<HashMap<u64, OwnWrites>>,
+}
+
+/// A file's version as its attributes show it: its size and times.
+type Version = (u64, (i64, u32), (i64, u32));
+
+fn version(st: &Stat) -> Version {
+    (st.size, st.mtime, st.ctime)
+}
+
+/// How many of a file's latest own versions are remembered: a look at the source that
+/// took one of them is compared with them a moment later, after more writes perhaps.
+const OWN_VERSIONS_KEPT: usize = 16;
+
+/// The mount's own writes of a file, which the kernel's pages of it already hold: the
+/// kernel copies a write into its pages before it sends it, and they are right from then
+/// on. Dropping them for the source's change that the write makes would be wrong, not
+/// only wasted: between the copy and the write's arrival here, a reader would fetch the
+/// bytes before it and the kernel keep those (`tests/direct_writes.rs`). So the mount's
+/// own versions drop no pages (`pages_follow_own_writes`).
+#[derive(Default)]
+struct OwnWrites {
+    /// Writes under way here: begun, their version not yet recorded.
+    under_way: u32,
+    /// The versions they left, newest last.
+    versions: VecDeque<Version>,
+}
+
+/// An own write of a file opened by the kernel, under way until dropped
+/// (`CachingFs::own_write`); `done` records the version it left.
+pub(super) struct OwnWrite<'a> {
+    own: Option<&'a Mutex<HashMap<u64, OwnWrites>>>,
+    id: u64,
+}
+
+impl OwnWrite<'_> {
+    /// The write (or a step of it) left the source at `after`.
+    pub fn done(&self, after: &Stat) {
+        let Some(own) = self.own else { return };
+        let mut own = own.lock().unwrap();
+        let w = own.entry(self.id).or_default();
+        if w.versions.len() == OWN_VERSIONS_KEPT {
+            w.versions.pop_front();
+        }
+        w.versions.push_back(version(after));
+    }
+}
+
+impl Drop for OwnWrite<'_> {
+    fn drop(&mut self) {
+        if let Some(own) = self.own
+            && let Some(w) = own.lock().unwrap().get_mut(&self.id)
+        {
+            w.under_way -= 1;
+        }
+    }
 }
 
 /// The state directories opened by the kernel need (`--kernel-opens`,
@@ -159,6 +221,70 @@ impl CachingFs {
         }
     }
 
+    /// Marks a write of node `id` through the mount (data, size or times) under way until
+    /// the result is dropped; with kernel opens only.
+    pub(super) fn own_write(&self, id: u64) -> OwnWrite<'_> {
+        let own = self.kernel_opens.as_ref().map(|ko| &ko.own);
+        if let Some(own) = own {
+            own.lock().unwrap().entry(id).or_default().under_way += 1;
+        }
+        OwnWrite { own, id }
+    }
+
+    /// For the invalidation thread, before it drops the kernel's pages of `inode`: `true`
+    /// if the source is at a version the mount's own writes left (or one is under way),
+    /// and nothing else moved the file's content since the kernel's pages were last
+    /// dropped. Its attributes go then, not its pages (`OwnWrites`). A change behind the
+    /// mount that lands within a write of ours is taken for ours, as elsewhere
+    /// (`FileState::written`).
+    pub fn pages_follow_own_writes(&self, inode: &Inode) -> bool {
+        let Some(ko) = &self.kernel_opens else {
+            return false;
+        };
+        if inode.file_type != libc::S_IFREG || !inode.kernel_pages_current() {
+            return false;
+        }
+        // Not written through the mount, or a write under way: no look at the source.
+        match ko.own.lock().unwrap().get(&inode.id) {
+            None => return false,
+            Some(w) if w.under_way > 0 => return true,
+            Some(_) => {}
+        }
+        let Some(st) = inode.path().and_then(|p| self.source.stat(&p).ok()) else {
+            return false;
+        };
+        (ko.own.lock().unwrap().get(&inode.id))
+            .is_some_and(|w| w.under_way > 0 || w.versions.contains(&version(&st)))
+    }
+
+    /// A reply is about to give the kernel `st` as `inode`'s attributes. The kernel is not
+    /// asked to drop a file's pages when it sees a new mtime (`FUSE_AUTO_INVAL_DATA`: it
+    /// would drop them between a write's copy and its arrival too); instead a version that
+    /// moved since the last reply, and not by the mount's own writes, has them dropped by
+    /// a notice (checked again by `pages_follow_own_writes`). Where nothing watches the
+    /// source, that is how a change behind the mount reaches the kernel's pages, once the
+    /// attribute TTL has run out.
+    pub(super) fn kernel_version_told(&self, inode: &Inode, st: &Stat) {
+        let Some(ko) = &self.kernel_opens else {
+            return;
+        };
+        if inode.file_type != libc::S_IFREG {
+            return;
+        }
+        let v = version(st);
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&v, &mut h);
+        let hash = std::hash::Hasher::finish(&h).max(1);
+        if !inode.told_kernel_version(hash) {
+            return;
+        }
+        let own = (ko.own.lock().unwrap().get(&inode.id))
+            .is_some_and(|w| w.under_way > 0 || w.versions.contains(&v));
+        if !own {
+            self.coherence.notify(Notice::Inode(inode.id));
+        }
+    }
+
     /// Before the mount removes a name of `inode` (unlink, rename over it): if the kernel
     /// knows the node, a handle is kept open on it until the kernel forgets it.
     pub(super) fn keep_open_while_known(&self, inode: &Arc<Inode>) {
@@ -201,17 +327,20 @@ impl CachingFs {
         }
     }
 
-    /// The kernel dropped references to node `id`: when none is left, so goes the handle
-    /// kept for it.
+    /// The kernel dropped references to node `id`: when none is left, so go the handle
+    /// kept for it and its own versions.
     pub(super) fn forget_kept_handle(&self, id: u64) {
         let Some(ko) = &self.kernel_opens else {
             return;
         };
         // The kept map first: most forgotten nodes have no kept handle, and the table's
         // lock is the busier one.
-        if !ko.kept.lock().unwrap().contains_key(&id) || self.inodes.is_referenced(id) {
+        let known =
+            ko.kept.lock().unwrap().contains_key(&id) || ko.own.lock().unwrap().contains_key(&id);
+        if !known || self.inodes.is_referenced(id) {
             return;
         }
+        ko.own.lock().unwrap().remove(&id);
         let fh = ko.kept.lock().unwrap().remove(&id);
         if let Some(fh) = fh {
             let _ = self.release(fh);
@@ -260,7 +389,7 @@ impl CachingFs {
             }
         }
         let list = Arc::new(self.list_dir(id)?);
-        if self.kernel_opens.is_none() && !self.coherence.watched(id) {
+        if !self.coherence.watched(id) {
             // No event will drop the listing the kernel keeps now. The kernel drops it by
             // itself when an open finds the directory's mtime changed once its attributes
             // expired (it checks permissions, and so refreshes them); not where a change

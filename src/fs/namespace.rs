@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileAttr};
 
-use super::{CachingFs, FileState, Inode, Result, attr_told, child, errno};
+use super::{CachingFs, FileState, Inode, Result, child, errno};
 use crate::source::{SetAttr, Stat};
 use crate::stats::Stats;
 use crate::sync::MutexGuard;
@@ -40,7 +40,7 @@ impl CachingFs {
         };
         let inode = self.inodes.lookup(parent, &path, &st);
         self.pending_attr(inode.id, seen, &mut st);
-        Ok(attr_told(&inode, &st))
+        Ok(self.attr_told(&inode, &st))
     }
 
     /// The attributes of the file that `path` in directory `parent` names, if the file's
@@ -116,7 +116,7 @@ impl CachingFs {
             None => self.source.stat(path).map_err(errno)?,
         };
         let inode = self.inodes.lookup(parent, path, &st);
-        Ok((attr_told(&inode, &st), st))
+        Ok((self.attr_told(&inode, &st), st))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -361,6 +361,6 @@ impl CachingFs {
         inode.set_path(&from);
         inode.set_path(&to);
         inode.set_path(&from);
-        Ok(attr_told(&inode, &st))
+        Ok(self.attr_told(&inode, &st))
     }
 }

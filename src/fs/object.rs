@@ -18,8 +18,7 @@ use fuser::{Errno, FileAttr, FopenFlags};
 use super::Inode;
 use super::state::Look;
 use super::{
-    CachingFs, FileState, Handle, OpenKind, Opened, Result, Writes, attr_told, cache_failed, child,
-    errno,
+    CachingFs, FileState, Handle, OpenKind, Opened, Result, Writes, cache_failed, child, errno,
 };
 use crate::fetch::HandleFetch;
 use crate::source::{SetAttr, Stat, TimeSpec};
@@ -176,7 +175,7 @@ impl CachingFs {
             }
         }
         Ok((
-            attr_told(&inode, &st),
+            self.attr_told(&inode, &st),
             self.cache_write_handle(&inode, Writes::Uploaded),
         ))
     }
@@ -245,7 +244,7 @@ impl CachingFs {
         let st = self.source.mkdir_owned(&path, mode, owner).map_err(errno)?;
         self.listing_changed(&dir);
         let inode = self.inodes.lookup(parent, &path, &st);
-        Ok(attr_told(&inode, &st))
+        Ok(self.attr_told(&inode, &st))
     }
 
     /// setattr on an object store: a size change goes through the cache file and is
@@ -303,7 +302,7 @@ impl CachingFs {
             }
         }
         self.pending_attr(inode.id, seen, &mut after);
-        Ok(attr_told(inode, &after))
+        Ok(self.attr_told(inode, &after))
     }
 
     fn object_truncate(&self, inode: &Arc<Inode>, path: &Path, st: &Stat, size: u64) -> Result<()> {

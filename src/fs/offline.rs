@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use fuser::{Errno, FileAttr, FileType};
 
 use super::Inode;
-use super::{CachingFs, DirList, FileState, ListEntry, Result, attr_of, attr_told, child, kind_of};
+use super::{CachingFs, DirList, FileState, ListEntry, Result, attr_of, child, kind_of};
 use crate::cache::listing::{DirListing, ListedEntry};
 use crate::cache::store::read_record;
 use crate::source::Stat;
@@ -328,7 +328,7 @@ impl CachingFs {
         let path = child(&dir_path, name)?;
         let st = self.offline_stat(&path)?;
         let inode = self.inodes.lookup(parent, &path, &st);
-        Ok(attr_told(&inode, &st))
+        Ok(self.attr_told(&inode, &st))
     }
 
     pub(super) fn offline_getattr(&self, inode: &Inode) -> Result<FileAttr> {
@@ -344,10 +344,10 @@ impl CachingFs {
             st.size = state.record().identity.size;
             st.mtime = state.record().identity.mtime;
             st.ctime = state.record().identity.ctime;
-            return Ok(attr_told(inode, &st));
+            return Ok(self.attr_told(inode, &st));
         }
         let path = inode.path().ok_or(Errno::ENOENT)?;
-        Ok(attr_told(inode, &self.offline_stat(&path)?))
+        Ok(self.attr_told(inode, &self.offline_stat(&path)?))
     }
 
     pub(super) fn offline_readlink(&self, inode: &Inode) -> Result<Vec<u8>> {
@@ -418,7 +418,7 @@ impl CachingFs {
                     self.overlay_record(&path, &mut st);
                 }
                 let inode = self.inodes.lookup(list.dir_id, &path, &st);
-                Some(attr_told(&inode, &st))
+                Some(self.attr_told(&inode, &st))
             })
             .collect()
     }

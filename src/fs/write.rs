@@ -33,6 +33,7 @@ impl CachingFs {
         // Fetches in flight read the source before this write: none may land after it.
         state.fetch.invalidate();
         state.mark_write(&self.env(), offset, data.len() as u64);
+        let own = self.own_write(h.inode.id);
         let written = self.source.write_all_at(src.as_fd(), data, offset);
         if let Err(e) = written {
             // Part of the range may have reached the source: forget what we knew of it.
@@ -41,6 +42,7 @@ impl CachingFs {
         }
         Stats::add(&self.stats.cache.bytes_written, data.len() as u64);
         let mut after = self.source.fstat(src.as_fd()).map_err(errno)?;
+        own.done(&after);
         let privs = set_id_bits(after.mode);
         if kill_suidgid && privs != 0 {
             let mode = after.mode & 0o7777 & !privs;
@@ -51,6 +53,7 @@ impl CachingFs {
                 })
                 .map_err(errno)?;
             after = self.source.fstat(src.as_fd()).map_err(errno)?;
+            own.done(&after);
         }
         state.wrote_through(&self.env(), offset, data, self.recorded_identity(&after));
         h.inode.kernel_wrote_to(offset + data.len() as u64);
@@ -164,6 +167,7 @@ impl CachingFs {
             state.fetch.invalidate();
             state.mark_written(&self.env());
         }
+        let own = self.own_write(h.inode.id);
         // Under the source guard: a hung source holds this file's lock no longer than the
         // source timeout.
         let res = self.source.with_fd(src.as_fd(), move |f| {
@@ -181,8 +185,11 @@ impl CachingFs {
                 Ok(())
             }
         });
+        let after = self.source.fstat(src.as_fd()).ok();
+        if let Some(after) = &after {
+            own.done(after);
+        }
         if let Some(state) = guard.as_mut() {
-            let after = self.source.fstat(src.as_fd()).ok();
             let after = after.map(|a| self.recorded_identity(&a));
             state.fallocated(res.is_ok(), mode, offset, length, after);
         }

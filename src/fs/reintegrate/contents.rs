@@ -13,9 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use fuser::{Errno, FileAttr};
 
 use super::{err, now_secs, now_ts};
-use crate::fs::{
-    CachingFs, Handle, Inode, OpenKind, Opened, Result, attr_told, cache_failed, child,
-};
+use crate::fs::{CachingFs, Handle, Inode, OpenKind, Opened, Result, cache_failed, child};
 use crate::oplog::{Base, Op, bytes};
 
 impl CachingFs {
@@ -215,6 +213,6 @@ impl CachingFs {
         *inode.file() = Some(Box::new(state));
         self.loaded.lock().unwrap().insert(inode.id, inode.clone());
         let opened = self.logged_handle(&inode);
-        Ok((attr_told(&inode, &st), opened))
+        Ok((self.attr_told(&inode, &st), opened))
     }
 }

@@ -8,7 +8,7 @@ use fuser::{Errno, FileAttr};
 
 use super::parent_of;
 use crate::cache::listing::{DirListing, ListedEntry};
-use crate::fs::{CachingFs, Result, attr_told, child};
+use crate::fs::{CachingFs, Result, child};
 use crate::oplog::{Base, Op, bytes};
 use crate::source::Stat;
 
@@ -48,7 +48,7 @@ impl CachingFs {
         }
         self.add_listed(&dir, name, st)?;
         let inode = self.inodes.lookup(parent, &path, &st);
-        Ok(attr_told(&inode, &st))
+        Ok(self.attr_told(&inode, &st))
     }
 
     pub(in crate::fs) fn offline_unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
