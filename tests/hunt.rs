@@ -658,6 +658,29 @@ fn no_wrong_or_stale_bytes_on_a_watched_local_source_with_kernel_opens() {
     );
 }
 
+/// Unwatched, the kernel's pages of a file opened by the kernel go when a reply after the
+/// attribute TTL (0.2 s here) shows a version no write of the mount's left
+/// (`kernel_version_told`), and a replaced file's name when its entry TTL runs out: the
+/// bound is those TTLs and the notice's way.
+#[test]
+fn no_wrong_or_stale_bytes_on_an_unwatched_local_source_with_kernel_opens() {
+    hunt(
+        "unwatched, kernel opens, renames",
+        false,
+        &[
+            "--kernel-opens",
+            "--watch",
+            "off",
+            "--attr-ttl",
+            "0.2",
+            "--entry-ttl",
+            "0.2",
+        ],
+        &[Change::RenameOver],
+        Duration::from_millis(400),
+    );
+}
+
 /// The changes that leave each file one link (no outside link is kept): files that the
 /// watcher's callbacks and open leases cover.
 const ONE_LINK: [Change; 3] = [Change::InPlace, Change::RenameOver, Change::TouchR];
