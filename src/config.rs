@@ -124,6 +124,10 @@ pub struct Config {
     /// (passthrough to the source), and what was read is copied into the cache at close
     /// (`fs/source_reads.rs`). Sources without a source timeout only.
     pub source_reads: bool,
+    /// Writers write to the source file themselves, by passthrough to it, and what they
+    /// wrote is copied into the cache at the last writer's close (`fs/source_writes.rs`).
+    /// Sources without a source timeout only.
+    pub source_writes: bool,
     pub allow_other: bool,
     pub read_only: bool,
     /// Mount over a mount point that is not empty (hiding what it holds).
@@ -199,6 +203,7 @@ impl Config {
             kernel_opens: false,
             kernel_dir_opens: false,
             source_reads: false,
+            source_writes: false,
             allow_other: false,
             read_only: false,
             nonempty: false,
@@ -571,6 +576,14 @@ impl Config {
         {
             return Err(ConfigError::Invalid(
                 "source_reads needs a directory source and passthrough: not with an \
+                 object-store source, kernel_opens or no_passthrough"
+                    .into(),
+            ));
+        }
+        if self.source_writes && (self.is_object_source() || self.kernel_opens || !self.passthrough)
+        {
+            return Err(ConfigError::Invalid(
+                "source_writes needs a directory source and passthrough: not with an \
                  object-store source, kernel_opens or no_passthrough"
                     .into(),
             ));

@@ -42,6 +42,7 @@ mod backing;
 mod changes;
 mod commit;
 mod control;
+mod create;
 mod dir;
 mod entry;
 mod evict;
@@ -55,6 +56,7 @@ mod offline;
 mod open;
 mod reintegrate;
 mod source_reads;
+mod source_writes;
 mod state;
 mod waiting_opens;
 mod write;
@@ -166,6 +168,7 @@ impl Handle {
     /// How the handle counts among its file's opens.
     fn open_kind(&self) -> OpenKind {
         match self.passthrough {
+            Some(_) if self.writable => OpenKind::SourceWriter,
             Some(_) => OpenKind::Passthrough,
             None if self.direct => OpenKind::Direct {
                 writes_source: self.writable && !self.writes_to_cache(),

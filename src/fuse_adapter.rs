@@ -607,17 +607,18 @@ impl Filesystem for FuseAdapter {
             // The kernel makes the file with MKNOD then, and opens it itself.
             return reply.error(Errno::ENOSYS);
         }
-        match self
-            .fs
-            .create(parent.0, name, mode, flags, req.uid(), req.gid())
-        {
-            Ok((attr, o)) => reply.created(
-                &self.fs.entry_ttls(parent.0, &attr).0,
-                &attr,
-                GEN,
-                FileHandle(o.fh),
-                o.flags,
-            ),
+        let owner = (req.uid(), req.gid());
+        let make_backing = |f: &std::fs::File| reply.open_backing(f);
+        match (self.fs).create(parent.0, name, mode, flags, owner, &make_backing) {
+            Ok((attr, o)) => {
+                let ttl = self.fs.entry_ttls(parent.0, &attr).0;
+                match &o.backing {
+                    Some(b) => {
+                        reply.created_passthrough(&ttl, &attr, GEN, FileHandle(o.fh), o.flags, b)
+                    }
+                    None => reply.created(&ttl, &attr, GEN, FileHandle(o.fh), o.flags),
+                }
+            }
             Err(e) => reply.error(call.fail(e)),
         }
     }

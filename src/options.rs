@@ -20,6 +20,9 @@ use std::time::Duration;
 
 use crate::config::{self, Config, parse_secs, parse_size};
 
+mod help;
+pub use help::{o_help, set_help, set_long_help};
+
 pub const CACHING: &str = "Caching";
 pub const KERNEL: &str = "Kernel caching and access";
 pub const PROCESS: &str = "Process";
@@ -407,6 +410,16 @@ pub static OPTIONS: &[Opt] = &[
          file is closed: cold sequential reads at the source's speed. Sources without a \
          source timeout (local ones) only; elsewhere it is off (README, \"Source reads\")",
     ),
+    Opt::switch("source_writes", "source_writes", None, KERNEL, |c, on| {
+        c.source_writes |= on
+    })
+    .help(
+        "Have the kernel write files straight to the source (FUSE passthrough to the \
+         source file) instead of sending each write to hoardfs, and copy what was written \
+         into the cache when the last writer closes: writes at the source's speed. Sources \
+         without a source timeout (local ones) only; not for set-user-ID or set-group-ID \
+         files (README, \"Source writes\")",
+    ),
     Opt::switch("allow_other", "allow_other", None, KERNEL, |c, on| {
         c.allow_other |= on
     })
@@ -722,46 +735,6 @@ pub fn apply(c: &mut Config, opt: &str) -> Result<(), String> {
         return Ok(());
     }
     Err(format!("unknown mount option {opt:?}"))
-}
-
-/// The `-o` help text.
-pub fn o_help() -> String {
-    let opts: Vec<String> = OPTIONS
-        .iter()
-        .filter(|o| o.is_mount_option())
-        .map(Opt::usage)
-        .collect();
-    format!(
-        "Mount options, comma separated, as in fstab: {}; the generic mount(8) options \
-         (defaults, _netdev, nofail, auto, noauto, user, users, nodev, nosuid, noexec, ...) \
-         are accepted and ignored",
-        opts.join(", ")
-    )
-}
-
-/// `hoardfs set`'s short help: every live key.
-pub fn set_help() -> String {
-    let keys: Vec<String> = OPTIONS
-        .iter()
-        .filter(|o| o.live.is_some())
-        .map(Opt::usage)
-        .collect();
-    format!(
-        "KEY=VALUE pairs: {}; KEY=auto restores a key's default",
-        keys.join(", ")
-    )
-}
-
-/// `hoardfs set --help`: every live key with its help and default.
-pub fn set_long_help() -> String {
-    let mut s = String::from(
-        "KEY=VALUE pairs, applied in order; KEY=auto restores the default (as at mount \
-         time, from the mount's other options). The keys:\n",
-    );
-    for o in OPTIONS.iter().filter(|o| o.live.is_some()) {
-        s.push_str(&format!("\n  {}\n      {}", o.usage(), o.flag_help()));
-    }
-    s
 }
 
 /// A `Config` for `source` and `mountpoint` after `options` (`-o` form, each split at

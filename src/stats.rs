@@ -64,6 +64,7 @@ counters! {
     open_misses: "opens of regular files that needed data from the source",
     passthrough_opens: "opens answered with FUSE passthrough to the cache file",
     source_read_opens: "opens answered with FUSE passthrough to the source file (--source-reads: large files not cached whole)",
+    source_write_opens: "opens for writing answered with FUSE passthrough to the source file (--source-writes)",
     direct_opens: "opens the kernel's page cache is bypassed for (FUSE direct I/O): write-only handles alone on their file, and the handles opened beside one",
     ring_requests: "requests that came over io_uring (FUSE over io_uring; the others came over /dev/fuse)",
     read_hits: "read requests served entirely from the cache",

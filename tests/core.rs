@@ -97,7 +97,14 @@ fn write_through(fs: &CachingFs, name: &str, offset: u64, data: &[u8]) {
         }
         Err(_) => {
             let (attr, o) = fs
-                .create(ROOT, OsStr::new(name), 0o644, libc::O_WRONLY, 0, 0)
+                .create(
+                    ROOT,
+                    OsStr::new(name),
+                    0o644,
+                    libc::O_WRONLY,
+                    (0, 0),
+                    &no_backing,
+                )
                 .unwrap();
             (attr.ino.0, o.fh)
         }

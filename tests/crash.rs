@@ -264,8 +264,8 @@ fn reap(mut killed: std::process::Child, round: u64) {
     }
 }
 
-fn crash_rounds(rounds: u64) {
-    let t = &mut TestMount::new(&[
+fn crash_rounds(rounds: u64, extra: &[&str]) {
+    let mut args = vec![
         "--chunk-size",
         "64K",
         "--whole-file-threshold",
@@ -276,7 +276,9 @@ fn crash_rounds(rounds: u64) {
         "60",
         "--low-watermark",
         "30",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let t = &mut TestMount::new(&args);
     // Killed daemons: the next one says it clears their mounts, and their last replies
     // fail.
     t.expect_warnings();
@@ -384,7 +386,14 @@ fn crash_rounds(rounds: u64) {
 
 #[test]
 fn sigkill_at_random_points_loses_nothing_acknowledged() {
-    crash_rounds(4);
+    crash_rounds(4, &[]);
+}
+
+/// Writers write the source by passthrough (`--source-writes`): the daemon sees none of
+/// their writes, and the cache takes what they wrote only after the last one closed.
+#[test]
+fn sigkill_at_random_points_loses_nothing_acknowledged_with_source_writes() {
+    crash_rounds(4, &["--source-writes"]);
 }
 
 #[test]
@@ -394,5 +403,7 @@ fn sigkill_at_random_points_many_times() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    crash_rounds(rounds);
+    // `HOARDFS_CRASH_EXTRA`: mount options for every round, space-separated.
+    let extra = std::env::var("HOARDFS_CRASH_EXTRA").unwrap_or_default();
+    crash_rounds(rounds, &extra.split_whitespace().collect::<Vec<_>>());
 }

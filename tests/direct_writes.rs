@@ -336,7 +336,8 @@ fn readers_racing_a_writer(args: &[&str], alone_every: u64) {
     // are passthrough ones). Else a reader opened beside a writer through the page cache
     // reads through it too, and the file's later writers are not direct
     // (`a_mapping_left_by_a_closed_reader_sees_...`).
-    let expected = if args.contains(&"--kernel-opens") {
+    // (Kernel opens and source writes open nothing direct.)
+    let expected = if args.contains(&"--kernel-opens") || args.contains(&"--source-writes") {
         0
     } else if alone_every == 1 {
         10
@@ -344,6 +345,10 @@ fn readers_racing_a_writer(args: &[&str], alone_every: u64) {
         1
     };
     assert!(s.direct_opens >= expected, "{summary}");
+    if args.contains(&"--source-writes") {
+        let opens = s.source_write_opens;
+        assert!(opens > 20, "{summary}: {opens} source write opens");
+    }
     // What the source holds is the last version, whole.
     check(
         &fs::read(t.s("f")).unwrap(),
@@ -367,4 +372,10 @@ fn readers_racing_a_writer_through_the_page_cache_never_read_older_than_the_last
 #[test]
 fn readers_racing_a_writer_under_kernel_opens_never_read_older_than_the_last_write_returned() {
     readers_racing_a_writer(&["--kernel-opens"], 2);
+}
+
+/// Writers write the source by passthrough, and readers beside them read it.
+#[test]
+fn readers_racing_a_writer_to_the_source_never_read_older_than_the_last_write_returned() {
+    readers_racing_a_writer(&["--source-writes"], 2);
 }

@@ -491,7 +491,9 @@ impl Kernel {
                 None => {
                     let mode = (mode & !k.umask & 0o7777) | libc::S_IFREG;
                     let name = OsStr::new(split(path).1);
-                    let (a, o) = k.fs.create(parent, name, mode, flags, 0, 0).map_err(code)?;
+                    let (a, o) = (k.fs)
+                        .create(parent, name, mode, flags, (0, 0), &no_backing)
+                        .map_err(code)?;
                     k.enter(path, &a);
                     k.opened(a.ino.0, o.fh, false, flags)
                 }

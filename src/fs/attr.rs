@@ -157,6 +157,9 @@ impl CachingFs {
         kill_suidgid: bool,
     ) -> Result<FileAttr> {
         let inode = self.inode(id)?;
+        if let Some(mode) = attr.mode {
+            self.check_set_id_beside_source_writers(&inode, mode)?;
+        }
         let kill =
             kill_suidgid && attr.size.is_some() && attr.mode.is_none() && self.caps().clears_set_id;
         if self.offline_change()? {

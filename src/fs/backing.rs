@@ -23,7 +23,8 @@ impl CachingFs {
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Option<Arc<BackingId>> {
         let b = self
-            .cache_backing(state, make_backing)
+            .writers_backing(state)
+            .or_else(|| self.cache_backing(state, make_backing))
             .or_else(|| self.source_backing(state, make_backing))?;
         let c = &self.stats.cache;
         let counter = if state.backing_is_source {
@@ -33,6 +34,16 @@ impl CachingFs {
         };
         Stats::add(counter, 1);
         Some(b)
+    }
+
+    /// The node's live backing while writers write the source by passthrough
+    /// (`fs/source_writes.rs`): a reader beside them reads the source, as the kernel gives
+    /// all passthrough opens of a node one backing.
+    fn writers_backing(&self, state: &FileState) -> Option<Arc<BackingId>> {
+        state
+            .backing_writable
+            .then(|| state.backing.upgrade())
+            .flatten()
     }
 
     /// Passthrough to the cache file when the file is whole in the cache and nobody has it
@@ -99,5 +110,6 @@ fn live_backing(state: &mut FileState, b: BackingId, of_source: bool) -> Arc<Bac
     let b = Arc::new(b);
     state.backing = Arc::downgrade(&b);
     state.backing_is_source = of_source;
+    state.backing_writable = false;
     b
 }

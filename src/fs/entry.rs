@@ -14,7 +14,6 @@ use std::time::Instant;
 
 use fuser::BackingId;
 
-use crate::cache::record::DataIdentity;
 use crate::cache::store::{CacheFiles, write_record, write_record_unless_same};
 use crate::cache::{CacheRecord, CacheStore, SourceIdentity};
 use crate::cleaner::Usage;
@@ -23,6 +22,7 @@ use crate::source::{Stat, fstat};
 use crate::stats::{CacheCounters, Stats};
 
 pub(super) mod closed;
+mod foreign;
 mod writes;
 
 /// What the entry's rules need of the file system around it.
@@ -44,6 +44,9 @@ pub(super) enum OpenKind {
     /// Served by the daemon with the kernel's page cache bypassed (`FOPEN_DIRECT_IO`,
     /// `fs/open.rs`, `opens_direct`); counted among the daemon's opens too.
     Direct { writes_source: bool },
+    /// The kernel writes (and reads) the source file itself (`fs/source_writes.rs`);
+    /// counted among the passthrough opens too.
+    SourceWriter,
 }
 
 /// What a checkpoint or a group commit of a record came to.
@@ -97,6 +100,10 @@ pub struct FileState {
     pub(super) backing: Weak<BackingId>,
     /// `backing` is the source file's, not the cache file's (`fs/source_reads.rs`).
     pub(super) backing_is_source: bool,
+    /// `backing` is the source file's, open for writing too (`fs/source_writes.rs`).
+    pub(super) backing_writable: bool,
+    /// Handles writing to the source by passthrough (`OpenKind::SourceWriter`).
+    source_writers: u32,
     /// Chunks fetched since the record was last made durable.
     unsynced: u32,
     /// A write went to the source since the last checkpoint (the on-disk record is dirty).
@@ -145,6 +152,8 @@ impl FileState {
             opening: 0,
             backing: Weak::new(),
             backing_is_source: false,
+            backing_writable: false,
+            source_writers: 0,
             unsynced: 0,
             written: false,
             durably_dirty: false,
@@ -168,9 +177,10 @@ impl FileState {
     }
 
     /// A write went to the source since the last checkpoint: the record on disk is dirty,
-    /// and the source's changes meanwhile are the mount's own.
+    /// and the source's changes meanwhile are the mount's own. So while writers write to
+    /// the source by passthrough, whose writes the daemon does not see.
     pub(super) fn written(&self) -> bool {
-        self.written
+        self.written || self.source_writers > 0
     }
 
     /// Takes the cache files of the entry: with `valid`, the record read from them, which
@@ -214,6 +224,10 @@ impl FileState {
     pub(super) fn opened(&mut self, kind: OpenKind) {
         match kind {
             OpenKind::Passthrough => self.passthrough_opens += 1,
+            OpenKind::SourceWriter => {
+                self.passthrough_opens += 1;
+                self.source_writers += 1;
+            }
             OpenKind::Daemon { writes_source } => {
                 self.daemon_opens += 1;
                 self.writers += u32::from(writes_source);
@@ -230,6 +244,10 @@ impl FileState {
     pub(super) fn closed(&mut self, kind: OpenKind) {
         match kind {
             OpenKind::Passthrough => self.passthrough_opens -= 1,
+            OpenKind::SourceWriter => {
+                self.passthrough_opens -= 1;
+                self.source_writers -= 1;
+            }
             OpenKind::Daemon { writes_source } => {
                 self.daemon_opens -= 1;
                 self.writers -= u32::from(writes_source);
@@ -255,6 +273,11 @@ impl FileState {
     /// Handles open for writing through to the source.
     pub(super) fn writers(&self) -> u32 {
         self.writers
+    }
+
+    /// Handles writing to the source by passthrough.
+    pub(super) fn source_writers(&self) -> u32 {
+        self.source_writers
     }
 
     /// Handles open with the kernel's page cache bypassed.
@@ -422,82 +445,6 @@ impl FileState {
     pub(super) fn noted(&self) {
         if let Some(files) = &self.files {
             self.fetch.note_written(&files.data);
-        }
-    }
-
-    /// Whether the data file is as hoardfs itself last left it (`FileFetch::own`); true
-    /// where that is not known. A record may only vouch for data hoardfs wrote: call this
-    /// before stamping a record that claims chunks.
-    pub(super) fn data_is_ours(&self) -> bool {
-        let Some(files) = &self.files else {
-            return true;
-        };
-        let ff = &self.fetch;
-        let now = ff.quiet(|| fstat(files.data.as_fd()));
-        match (ff.own(), now) {
-            // A data file no name leads to any more (unlinked or replaced, by us or not) is
-            // never loaded again, whatever its record says.
-            // A ctime earlier than the one noted is not someone else's later change: this
-            // kernel's ctimes of one file need not be in order (a coarse-grained update can
-            // stamp an earlier time than a fine-grained one our note read), which concurrent
-            // piece writes showed.
-            (Some(own), Ok(st)) => {
-                let now = DataIdentity::of(&st);
-                st.nlink == 0 || (own.ino == now.ino && now.ctime <= own.ctime)
-            }
-            _ => true,
-        }
-    }
-
-    /// Whether the data file or the record has no name any more: removed from the cache
-    /// directory, or replaced there (by a new version's entry, or behind hoardfs's back).
-    pub(super) fn files_unlinked(&self) -> bool {
-        self.files.as_ref().is_some_and(|files| {
-            let data = self.fetch.quiet(|| fstat(files.data.as_fd()));
-            data.is_ok_and(|st| st.nlink == 0)
-                || fstat(files.meta.as_fd()).is_ok_and(|st| st.nlink == 0)
-        })
-    }
-
-    /// The data file was changed behind hoardfs's back while the file was loaded (edited
-    /// in the cache directory): nothing of it is vouched for any more. The record is
-    /// emptied (durably), so every chunk is fetched again; nothing is stamped as valid.
-    pub(super) fn discard_foreign_data(&mut self, env: &Env) {
-        let now = self
-            .files
-            .as_ref()
-            .and_then(|f| fstat(f.data.as_fd()).ok())
-            .map(|st| DataIdentity::of(&st));
-        tracing::warn!(
-            own = ?self.fetch.own(),
-            ?now,
-            "a cache data file was changed behind hoardfs's back; refetching it"
-        );
-        Stats::add(&env.stats.corrupt_records, 1);
-        self.fetch.invalidate();
-        self.record = CacheRecord::empty(self.record.identity, self.record.chunk_size);
-        self.nothing_to_commit();
-        if let Some(files) = &self.files {
-            // A data file of another length than the file's (extended or cut behind our
-            // back) would serve the difference through passthrough once refetched, and
-            // is never resized in place (crash rule 3: others may read it): this state
-            // stops using it, and the next load replaces it (its length is checked).
-            // Nor is one refetched into while the kernel reads it for passthrough
-            // handles: a chunk fetched anew, of another version on a source whose
-            // timestamps cannot tell, would change bytes under readers that hold theirs.
-            let size = self.record.identity.size;
-            let r = write_record(files, &self.record, true);
-            let wrong_length = files.data.metadata().map_or(true, |m| m.len() != size);
-            match r {
-                Ok(_) if wrong_length || self.passthrough_opens > 0 => self.files = None,
-                // The empty record vouches for nothing; from here the file is hoardfs's.
-                Ok(_) => self.fetch.set_own(
-                    fstat(files.data.as_fd())
-                        .ok()
-                        .map(|st| DataIdentity::of(&st)),
-                ),
-                Err(_) => self.files = None,
-            }
         }
     }
 

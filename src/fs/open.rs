@@ -1,8 +1,7 @@
-//! Opening regular files: create, and the open pipeline, which validates the cache state
-//! against the source, handles the kernel's ESTALE retry and retired nodes, and decides
-//! between passthrough and the daemon (`finish_open`).
+//! Opening regular files: the open pipeline, which validates the cache state against the
+//! source, handles the kernel's ESTALE retry and retired nodes, and decides between
+//! passthrough and the daemon (`finish_open`). Creation is `fs/create.rs`.
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -11,10 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use fuser::{BackingId, Errno, FileAttr, FopenFlags};
+use fuser::{BackingId, Errno, FopenFlags};
 
 use super::state::Look;
-use super::{CachingFs, FileState, Handle, Inode, OpenKind, Opened, Result, Writes, child, errno};
+use super::{CachingFs, FileState, Handle, Inode, OpenKind, Opened, Result, Writes, errno};
 use crate::cache::store::first_page_resident;
 use crate::coherence::{Notice, OpenLease};
 use crate::fetch::HandleFetch;
@@ -36,105 +35,9 @@ const ESTALE_RETRY: Duration = Duration::from_secs(1);
 pub(super) const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_millis(500);
 
 impl CachingFs {
-    pub fn create(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        flags: i32,
-        uid: u32,
-        gid: u32,
-    ) -> Result<(FileAttr, Opened)> {
-        if self.offline_change()? {
-            return self.offline_create(parent, name, mode, flags, uid, gid);
-        }
-        if !self.caps().in_place_writes {
-            return self.object_create(parent, name, mode, flags, uid, gid);
-        }
-        let dir = self.path_of(parent)?;
-        let path = child(&dir, name)?;
-        // Exclusive first, so that we know we made it and may give it to the caller; a file
-        // that appeared on the source meanwhile is opened as it is unless O_EXCL was asked.
-        // The new file's attributes, as the file open for the caller has them.
-        let (file, attr, mut st) =
-            match self
-                .source
-                .create_file(&path, Self::source_flags(flags) | libc::O_EXCL, mode)
-            {
-                Ok(file) => {
-                    let (attr, st) =
-                        self.finish_create(parent, &path, &dir, mode, uid, gid, Some(&file))?;
-                    (file, attr, st)
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
-                    let file = self
-                        .source
-                        .open_file(&path, Self::source_flags(flags) | (flags & libc::O_TRUNC))
-                        .map_err(errno)?;
-                    let (attr, _) = self.entry_after_create(parent, &path, None)?;
-                    let st = self.source.fstat(file.as_fd()).map_err(errno)?;
-                    (file, attr, st)
-                }
-                Err(e) => return Err(errno(e)),
-            };
-        let inode = self.inode(attr.ino.0)?;
-        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        // An `O_PATH` descriptor of the new file, as an open keeps: its close never reaches
-        // the source (a duplicate of `file` would send a FLUSH, under the file's lock).
-        let path_fd = self
-            .source
-            .with_fd(file.as_fd(), |f| {
-                use std::os::fd::AsRawFd;
-                let own = format!("/proc/self/fd/{}", f.as_raw_fd());
-                let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC;
-                Ok(rustix::fs::open(own, flags, rustix::fs::Mode::empty())?)
-            })
-            .ok();
-        // A new file is fully known: cache it empty and complete.
-        let direct = {
-            let mut guard = inode.file();
-            if guard.is_none() {
-                let (mut state, _) = self.load_state(&inode, &path, &mut st, Look::Created);
-                state.path_fd = path_fd.map(Arc::new);
-                *guard = Some(Box::new(state));
-            }
-            self.count_daemon_open(&inode, guard.as_mut().unwrap(), flags)
-        };
-        if writable && !direct {
-            inode.wait_for_page_invalidation();
-        }
-        let fh = self.new_fh();
-        inode.hand_out();
-        self.handles.lock().unwrap().insert(
-            fh,
-            Arc::new(Handle {
-                inode,
-                source: Some(file),
-                writable,
-                passthrough: None,
-                direct,
-                fetch: HandleFetch::default(),
-                writes: Writes::Through,
-                noflush: None,
-            }),
-        );
-        Ok((
-            attr,
-            Opened {
-                fh,
-                flags: if direct {
-                    FopenFlags::FOPEN_DIRECT_IO
-                } else {
-                    FopenFlags::empty()
-                },
-                backing: None,
-            },
-        ))
-    }
-
     /// Flags for opening the source: the caller's access mode and sync flags. Offsets come
     /// from the kernel, so O_APPEND is not passed; O_TRUNC arrives as a setattr.
-    fn source_flags(flags: i32) -> i32 {
+    pub(super) fn source_flags(flags: i32) -> i32 {
         flags & (libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC)
     }
 
@@ -208,7 +111,14 @@ impl CachingFs {
             if guard.is_none() {
                 *guard = Some(Box::new(self.offline_state(&inode, &path)));
             }
-            self.finish_open(&inode, guard, libc::O_RDONLY, None, true, make_backing)
+            self.finish_open(
+                &inode,
+                guard,
+                (libc::O_RDONLY, false),
+                None,
+                true,
+                make_backing,
+            )
         };
         if !self.online() {
             return offline();
@@ -259,7 +169,14 @@ impl CachingFs {
             return Err(Errno::ESTALE);
         }
         Stats::add(&self.stats.cache.retired_opens, 1);
-        self.finish_open(inode, guard, libc::O_RDONLY, None, true, make_backing)
+        self.finish_open(
+            inode,
+            guard,
+            (libc::O_RDONLY, false),
+            None,
+            true,
+            make_backing,
+        )
     }
 
     /// `path` no longer leads to `inode`'s file: the node stops answering to it, and the
@@ -501,7 +418,7 @@ impl CachingFs {
             self.dir_prefetch_open(&inode, &path, found);
         }
 
-        if writable {
+        if writable && !self.joins_source_writers(guard.as_ref().unwrap()) {
             // The kernel refuses a non-passthrough open while passthrough opens exist, and
             // passthrough writes would bypass the source. Wait for releases in flight.
             let deadline = Instant::now() + release_wait;
@@ -544,8 +461,9 @@ impl CachingFs {
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).
+        let mut source_write = writable && self.may_write_source(state, st.mode);
         let source = if writable || (!state.complete() && state.fetch_src.is_none()) {
-            let opened = self.source.open_file(&path, Self::source_flags(flags));
+            let opened = self.open_source_for(&path, Self::source_flags(flags), &mut source_write);
             // A reader's bytes must all be of the version this open validated: a name that
             // leads to another version by now (renamed over, rewritten since the stat)
             // makes the kernel retry the open.
@@ -613,7 +531,8 @@ impl CachingFs {
         // notice is held back till then, `Inode::begin_page_invalidation`).
         let keep_cache =
             (keep_cache && inode.kernel_pages_current()) || inode.has_page_cache_writers();
-        self.finish_open(&inode, guard, flags, source, keep_cache, make_backing)
+        let how = (flags, source_write);
+        self.finish_open(&inode, guard, how, source, keep_cache, make_backing)
     }
 
     /// Counts an open the daemon serves among `state`'s (under the file's lock) and returns
@@ -622,7 +541,12 @@ impl CachingFs {
     /// `wait_for_page_invalidation`, without the lock). With kernel opens none is direct:
     /// the kernel opens files without telling the daemon, which could not know of the
     /// handles opened beside a direct writer.
-    fn count_daemon_open(&self, inode: &Inode, state: &mut FileState, flags: i32) -> bool {
+    pub(super) fn count_daemon_open(
+        &self,
+        inode: &Inode,
+        state: &mut FileState,
+        flags: i32,
+    ) -> bool {
         let writes_source = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let direct =
             !self.kernel_opens() && opens_direct(state, inode.had_page_cache_readers(), flags);
@@ -685,7 +609,7 @@ impl CachingFs {
         &self,
         inode: &Arc<Inode>,
         mut guard: crate::sync::MutexGuard<'_, Option<Box<FileState>>>,
-        flags: i32,
+        (flags, source_write): (i32, bool),
         source: Option<SourceFile>,
         keep_cache: bool,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
@@ -693,12 +617,18 @@ impl CachingFs {
         let id = inode.id;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let state = guard.as_mut().unwrap();
-        let backing = (!writable)
-            .then(|| self.passthrough_backing(state, make_backing))
-            .flatten();
+        let backing = match source.as_deref() {
+            Some(f) if source_write => self.source_write_backing(state, f, make_backing),
+            _ if writable => None,
+            _ => self.passthrough_backing(state, make_backing),
+        };
         let mut direct = false;
         let mut fopen = if backing.is_some() {
-            state.opened(OpenKind::Passthrough);
+            state.opened(if writable {
+                OpenKind::SourceWriter
+            } else {
+                OpenKind::Passthrough
+            });
             FopenFlags::FOPEN_PASSTHROUGH
         } else {
             direct = self.count_daemon_open(inode, state, flags);

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use fuser::Errno;
 
-use super::{CachingFs, Result, Writes, errno, set_id_bits};
+use super::{CachingFs, OpenKind, Result, Writes, errno, set_id_bits};
 use crate::coherence::Notice;
 use crate::stats::Stats;
 
@@ -132,8 +132,16 @@ impl CachingFs {
         }
         if let Some(state) = guard.as_mut() {
             state.closed(h.open_kind());
-            // A reader of the source leaves the cache to be filled from what it read.
-            if h.passthrough.is_some() && state.backing_is_source && self.source_reads() {
+            // A reader of the source leaves the cache to be filled from what it read; the
+            // last writer to it, with what the writes left (`fs/source_writes.rs`).
+            let source_writes = state.source_writers() > 0;
+            if h.open_kind() == OpenKind::SourceWriter && !source_writes {
+                self.source_writes_done(&h, state);
+            } else if h.passthrough.is_some()
+                && state.backing_is_source
+                && self.source_reads()
+                && !source_writes
+            {
                 self.fill_behind(&h.inode, state);
             }
             // A private mapping of a handle opened beside a direct writer fills the

@@ -79,7 +79,8 @@ impl FileState {
             .transpose()
             .is_ok();
         self.noted();
-        if cut && after.size == size {
+        // (While writers write the source unseen, nothing is claimed: `fs/source_writes.rs`.)
+        if cut && after.size == size && self.source_writers() == 0 {
             self.record.resize(size);
             self.follow_own_change(after);
         } else {
@@ -107,6 +108,7 @@ impl FileState {
         let shifts = libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE;
         let same_on_cache = applied
             && mode & shifts == 0
+            && self.source_writers() == 0
             && self.files.as_ref().is_some_and(|f| {
                 // SAFETY: a plain syscall on a descriptor the entry owns.
                 unsafe {

@@ -1,0 +1,164 @@
+//! Source writes (`--source-writes`): a writer's open is answered with FUSE passthrough to
+//! the source file, so the kernel writes the source itself instead of sending each write
+//! to the daemon, which would copy every byte twice more (into the source's pages and the
+//! cache file's) and cost a crossing per request (`docs/performance.md`, "Session 30").
+//!
+//! The daemon sees none of those writes. So from the first such open the cache entry
+//! vouches for nothing (its claims are dropped, durably, and fills in flight end unused:
+//! `FileFetch::invalidate`), and the source's changes meanwhile are the mount's own
+//! (`FileState::written`). Every other open of the file while a writer is open takes the
+//! same backing (the kernel gives all passthrough opens of one node one backing file), so
+//! readers beside a writer read the source and see each write at once. When the last such
+//! writer closes, the entry takes the version the writes left, empty, and what the source
+//! holds in its page cache of it (all that was just written, unless memory ran short) is
+//! copied into the cache by one fetch worker, as behind a source read
+//! (`fs/source_reads.rs`, `fill_behind`); the rest is fetched by a later read.
+//!
+//! Only where the source has no source timeout (local sources): a passthrough write to a
+//! hung source waits in the kernel, where no timeout of the daemon reaches it. Not for
+//! set-user-ID or set-group-ID files: the kernel writes the backing file with the
+//! daemon's credentials, so a write by a user without `CAP_FSETID` would not clear those
+//! bits as a write must; for the same reason a `chmod` that sets them while such a writer
+//! is open fails with `ETXTBSY`. A write through a handle opened before (served by the
+//! daemon) keeps the usual path: the kernel takes no passthrough open beside it.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use fuser::BackingId;
+
+use super::{CachingFs, FileState, Handle};
+use crate::health::SourceFile;
+use crate::stats::Stats;
+
+/// The mode bits a write must clear (for a writer without `CAP_FSETID`).
+const SET_ID: u32 = libc::S_ISUID | libc::S_ISGID;
+
+impl CachingFs {
+    /// Whether source writes are on and possible now.
+    pub(super) fn source_writes(&self) -> bool {
+        self.cfg.source_writes
+            && self.passthrough_enabled()
+            && !self.kernel_opens()
+            && self.caps().in_place_writes
+            && self.source.health.timeout().is_none()
+    }
+
+    /// Whether a writer opening `state` joins the writers already writing the source by
+    /// passthrough (then it need not wait for passthrough handles to close).
+    pub(super) fn joins_source_writers(&self, state: &FileState) -> bool {
+        self.source_writes() && state.backing_writable && state.backing.upgrade().is_some()
+    }
+
+    /// Whether a writer's open of `state`, a file of mode `mode`, may write the source by
+    /// passthrough: nobody has the file open through the daemon (the kernel takes no
+    /// passthrough open beside such handles), and the node's live backing, if any, is the
+    /// source's, open for writing. Its source descriptor is opened for reading too then.
+    pub(super) fn may_write_source(&self, state: &FileState, mode: u32) -> bool {
+        self.source_writes()
+            && mode & SET_ID == 0
+            && state.daemon_opens() == 0
+            && (state.backing_writable || state.backing.upgrade().is_none())
+    }
+
+    /// The backing of a writer's open that `may_write_source` allowed, whose source
+    /// descriptor `source` is open for reading and writing: the node's live one, else one
+    /// made of `source`. Counted; `None`: the daemon serves the open.
+    pub(super) fn source_write_backing(
+        &self,
+        state: &mut FileState,
+        source: &File,
+        make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
+    ) -> Option<Arc<BackingId>> {
+        let backing = match state.backing.upgrade() {
+            Some(live) if state.backing_writable => live,
+            Some(_) => return None,
+            None => match make_backing(source) {
+                Ok(b) => {
+                    let b = Arc::new(b);
+                    state.backing = Arc::downgrade(&b);
+                    state.backing_is_source = true;
+                    state.backing_writable = true;
+                    b
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        "no passthrough to the source file ({e}); writes go through the daemon"
+                    );
+                    return None;
+                }
+            },
+        };
+        if state.source_writers() == 0 {
+            // From here the kernel changes the source unseen: nothing the cache holds is
+            // vouched for (durably so, crash rule 1), and no fill in flight may land.
+            state.fetch.invalidate();
+            if state.record().present_count() > 0 {
+                state.drop_cached();
+            }
+            state.mark_written(&self.env());
+        }
+        Stats::add(&self.stats.cache.source_write_opens, 1);
+        Some(backing)
+    }
+
+    /// The last writer to the source by passthrough, `h`, was released: the entry takes the
+    /// version the writes left, empty, and what the source holds of it in memory is
+    /// copied into the cache (`fill_behind`).
+    pub(super) fn source_writes_done(&self, h: &Handle, state: &mut FileState) {
+        let after = (h.source.as_ref()).and_then(|f| self.source.fstat(f.as_fd()).ok());
+        let path = self.own_path(&h.inode);
+        let (Some(after), Some(path)) = (after, path) else {
+            // Where the file went, or what it holds, is not known: nothing is kept.
+            state.drop_cached();
+            return;
+        };
+        let identity = self.recorded_identity(&after);
+        state.reset_as(&self.env(), identity, false, Some(&path));
+        state.fetch_src = self
+            .fetcher
+            .open_source(|| self.open_fetch_reader(&path, &identity));
+        self.fill_behind(&h.inode, state);
+    }
+
+    /// Opens the source file for a writer's open with `flags`: for reading too where it
+    /// may write the source by passthrough (`source_write`), given up if the source
+    /// refuses that.
+    pub(super) fn open_source_for(
+        &self,
+        path: &Path,
+        flags: i32,
+        source_write: &mut bool,
+    ) -> io::Result<SourceFile> {
+        if *source_write {
+            match self
+                .source
+                .open_file(path, flags & !libc::O_ACCMODE | libc::O_RDWR)
+            {
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => *source_write = false,
+                r => return r,
+            }
+        }
+        self.source.open_file(path, flags)
+    }
+
+    /// Before a `chmod` of node `inode` to `mode`: set-ID bits are refused while writers
+    /// write the source by passthrough (see the module's comment).
+    pub(super) fn check_set_id_beside_source_writers(
+        &self,
+        inode: &super::Inode,
+        mode: u32,
+    ) -> super::Result<()> {
+        let writing = inode
+            .file()
+            .as_ref()
+            .is_some_and(|s| s.source_writers() > 0);
+        if writing && mode & SET_ID != 0 {
+            return Err(fuser::Errno::ETXTBSY);
+        }
+        Ok(())
+    }
+}
