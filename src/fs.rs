@@ -182,7 +182,7 @@ impl Handle {
     /// Whether the kernel copies this handle's writes into its page cache before it sends
     /// them (`Inode::page_cache_writers`).
     fn writes_through_page_cache(&self) -> bool {
-        self.writable && !self.direct
+        self.writable && !self.direct && self.passthrough.is_none()
     }
 
     /// Whether writes go to the cache file rather than to the source.

@@ -129,3 +129,33 @@ fn set_id_files_are_not_written_by_passthrough() {
     released(&t);
     fs::set_permissions(t.m("plain"), fs::Permissions::from_mode(0o2755)).unwrap();
 }
+
+/// A writer to the source holds no page invalidation back when it closes (it wrote no
+/// page of the kernel's): afterwards, readers served by the daemon through the page cache
+/// get each change behind the mount as by default.
+#[test]
+fn after_a_writer_to_the_source_changes_behind_the_mount_reach_page_cache_readers() {
+    let t = mount();
+    let len = 256 << 10;
+    fs::write(t.m("f"), pattern(len, 1)).unwrap();
+    assert_eq!(t.stats().cache.source_write_opens, 1);
+    released(&t);
+    for v in 2..5u64 {
+        // Behind the mount: the cache entry is reset, and the large file, no longer whole
+        // in the cache, is read through the daemon and the kernel's page cache.
+        let new = pattern(len, v);
+        fs::OpenOptions::new()
+            .write(true)
+            .open(t.s("f"))
+            .unwrap()
+            .write_all_at(&new, 0)
+            .unwrap();
+        wait_until(Duration::from_secs(5), "a change behind the mount", || {
+            fs::read(t.m("f")).unwrap() == new
+        });
+    }
+    assert!(
+        t.stats().cache.read_misses > 0,
+        "no read went through the daemon"
+    );
+}

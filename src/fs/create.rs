@@ -31,15 +31,17 @@ impl CachingFs {
         }
         let dir = self.path_of(parent)?;
         let path = child(&dir, name)?;
-        // Exclusive first, so that we know we made it and may give it to the caller; a file
-        // that appeared on the source meanwhile is opened as it is unless O_EXCL was asked.
-        // The new file's attributes, as the file open for the caller has them.
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // Opened for reading too where the kernel may write it by passthrough.
-        let mut source_write = self.source_writes() && mode & (libc::S_ISUID | libc::S_ISGID) == 0;
+        let set_id = libc::S_ISUID | libc::S_ISGID;
+        let mut source_write = writable && self.source_writes() && mode & set_id == 0;
         let mut source_flags = Self::source_flags(flags);
         if source_write {
             source_flags = source_flags & !libc::O_ACCMODE | libc::O_RDWR;
         }
+        // Exclusive first, so that we know we made it and may give it to the caller; a file
+        // that appeared on the source meanwhile is opened as it is unless O_EXCL was asked.
+        // The new file's attributes, as the file open for the caller has them.
         let (file, attr, mut st) =
             match self
                 .source
@@ -65,7 +67,6 @@ impl CachingFs {
                 Err(e) => return Err(errno(e)),
             };
         let inode = self.inode(attr.ino.0)?;
-        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // An `O_PATH` descriptor of the new file, as an open keeps: its close never reaches
         // the source (a duplicate of `file` would send a FLUSH, under the file's lock).
         let path_fd = self
