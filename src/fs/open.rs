@@ -490,8 +490,10 @@ impl CachingFs {
         // so that this open can already be a passthrough one. While passthrough opens exist
         // the kernel takes only another passthrough open: fetched under the mutex then.
         let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
+        // (Not beside writers to the source by passthrough: nothing is claimed meanwhile.)
         if readable
             && state.files().is_some()
+            && state.source_writers() == 0
             && !state.record().is_complete()
             && state.record().identity.size <= self.cfg.whole_file_threshold
         {
