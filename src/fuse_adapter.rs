@@ -205,13 +205,22 @@ impl Filesystem for FuseAdapter {
         // (`FUSE_HANDLE_KILLPRIV_V2`; fuser does not pass the kernel's
         // `FATTR_KILL_SUIDGID`, so "not root" stands for it).
         let kill_suidgid = req.uid() != 0;
-        match (self.fs).setattr(
-            ino.0,
-            fh.map(|f| f.0).filter(|&f| f != 0),
-            set,
-            kill_suidgid,
-        ) {
+        let fh = fh.map(|f| f.0).filter(|&f| f != 0);
+        match (self.fs).setattr(ino.0, fh, set, kill_suidgid) {
             Ok(attr) => reply.attr(&self.fs.attr_ttl(&attr), &attr),
+            // Set-ID bits beside writers to the source by passthrough, perhaps ones whose
+            // release is still on its way, which this thread may be the one to read: again
+            // where it may wait for them (`fs/source_writes.rs`, `fs/waiting_opens.rs`).
+            Err(Errno::ETXTBSY) if mode.is_some() => {
+                let fs = self.fs.clone();
+                self.fs.open_off_request_thread(Box::new(move || {
+                    fs.wait_for_source_writers(ino.0);
+                    match fs.setattr(ino.0, fh, set, kill_suidgid) {
+                        Ok(attr) => reply.attr(&fs.attr_ttl(&attr), &attr),
+                        Err(e) => reply.error(failed_elsewhere(&fs.stats, Op::Setattr, e)),
+                    }
+                }));
+            }
             Err(e) => reply.error(call.fail(e)),
         }
     }

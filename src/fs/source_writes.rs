@@ -19,7 +19,8 @@
 //! set-user-ID or set-group-ID files: the kernel writes the backing file with the
 //! daemon's credentials, so a write by a user without `CAP_FSETID` would not clear those
 //! bits as a write must; for the same reason a `chmod` that sets them while such a writer
-//! is open fails with `ETXTBSY`. A write through a handle opened before (served by the
+//! is open fails with `ETXTBSY` (after waiting, off the request thread, for releases on
+//! their way: `wait_for_source_writers`). A write through a handle opened before (served by the
 //! daemon) keeps the usual path: the kernel takes no passthrough open beside it.
 
 use std::fs::File;
@@ -27,9 +28,11 @@ use std::io;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fuser::BackingId;
 
+use super::open::PASSTHROUGH_RELEASE_WAIT;
 use super::{CachingFs, FileState, Handle};
 use crate::health::SourceFile;
 use crate::stats::Stats;
@@ -143,6 +146,24 @@ impl CachingFs {
             }
         }
         self.source.open_file(path, flags)
+    }
+
+    /// Waits (up to `PASSTHROUGH_RELEASE_WAIT`) until node `id` has no writer to the source
+    /// by passthrough: a `close` returns before its release reaches the daemon.
+    pub fn wait_for_source_writers(&self, id: u64) {
+        let Ok(inode) = self.inode(id) else {
+            return;
+        };
+        let writing = || {
+            inode
+                .file()
+                .as_ref()
+                .is_some_and(|s| s.source_writers() > 0)
+        };
+        let until = Instant::now() + PASSTHROUGH_RELEASE_WAIT;
+        while writing() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Before a `chmod` of node `inode` to `mode`: set-ID bits are refused while writers

@@ -12,6 +12,9 @@
 //! that would have waited is opened again on this pool: its thread may wait, and the
 //! request threads go on reading what the kernel sends, the awaited release among it.
 //!
+//! A `chmod` that sets set-ID bits waits the same way for the releases of the file's
+//! writers to the source (`fs/source_writes.rs`).
+//!
 //! The pool is small: an open waits only until the readers' releases arrive (at most
 //! `PASSTHROUGH_RELEASE_WAIT`). More than `MAX_QUEUED` opens queued at once, or an open
 //! after unmount, wait on their request thread as before.
