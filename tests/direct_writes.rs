@@ -374,8 +374,10 @@ fn readers_racing_a_writer_under_kernel_opens_never_read_older_than_the_last_wri
     readers_racing_a_writer(&["--kernel-opens"], 2);
 }
 
-/// Writers write the source by passthrough, and readers beside them read it.
+/// Writers write the source by passthrough, and readers beside them read it. (A file
+/// above the whole-file threshold: a small one cached whole is written through the
+/// daemon, `CachingFs::may_write_source`.)
 #[test]
 fn readers_racing_a_writer_to_the_source_never_read_older_than_the_last_write_returned() {
-    readers_racing_a_writer(&["--source-writes"], 2);
+    readers_racing_a_writer(&["--source-writes", "--whole-file-threshold", "64K"], 2);
 }

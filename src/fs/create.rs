@@ -88,7 +88,7 @@ impl CachingFs {
                 *guard = Some(Box::new(state));
             }
             let state = guard.as_mut().unwrap();
-            source_write &= self.may_write_source(state, st.mode);
+            source_write &= self.may_write_source(state, st.mode, true);
             backing = source_write
                 .then(|| self.source_write_backing(state, &file, make_backing))
                 .flatten();

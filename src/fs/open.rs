@@ -461,14 +461,17 @@ impl CachingFs {
         }
         // A reader of a partially cached file reads through the fetch descriptor: one open
         // on the source, not two (each is a round trip on a network source).
-        let mut source_write = writable && self.may_write_source(state, st.mode);
+        let new_content = flags & libc::O_TRUNC != 0;
+        let mut source_write = writable && self.may_write_source(state, st.mode, new_content);
         let source = if writable || (!state.complete() && state.fetch_src.is_none()) {
             let opened = self.open_source_for(&path, Self::source_flags(flags), &mut source_write);
             // A reader's bytes must all be of the version this open validated: a name that
             // leads to another version by now (renamed over, rewritten since the stat)
-            // makes the kernel retry the open.
+            // makes the kernel retry the open. (Not by the mount's own writes, `written`.)
+            let own_changes = state.written();
             let opened = opened.and_then(|f| {
                 let raced = !writable
+                    && !own_changes
                     && self.stale_check()
                     && self.identity(&self.source.fstat(f.as_fd())?) != self.identity(&st);
                 if raced {
