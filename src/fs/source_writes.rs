@@ -35,6 +35,7 @@ use fuser::BackingId;
 use super::open::PASSTHROUGH_RELEASE_WAIT;
 use super::{CachingFs, FileState, Handle};
 use crate::health::SourceFile;
+use crate::source::SourceReader;
 use crate::stats::Stats;
 
 /// The mode bits a write must clear (for a writer without `CAP_FSETID`).
@@ -119,18 +120,19 @@ impl CachingFs {
     /// version the writes left, empty, and what the source holds of it in memory is
     /// copied into the cache (`fill_behind`).
     pub(super) fn source_writes_done(&self, h: &Handle, state: &mut FileState) {
-        let after = (h.source.as_ref()).and_then(|f| self.source.fstat(f.as_fd()).ok());
+        let src = h.source.as_ref();
+        let after = src.and_then(|f| self.source.fstat(f.as_fd()).ok());
         let path = self.own_path(&h.inode);
-        let (Some(after), Some(path)) = (after, path) else {
+        let (Some(src), Some(after), Some(path)) = (src, after, path) else {
             // Where the file went, or what it holds, is not known: nothing is kept.
             state.drop_cached();
             return;
         };
         let identity = self.recorded_identity(&after);
         state.reset_as(&self.env(), identity, false, Some(&path));
-        state.fetch_src = self
-            .fetcher
-            .open_source(|| self.open_fetch_reader(&path, &identity));
+        // The fill reads the file the writers wrote (a duplicate of this handle's
+        // descriptor), whose version `after` is.
+        state.fetch_src = (self.fetcher).open_source(|| Ok(SourceReader::File(src.try_clone()?)));
         self.fill_behind(&h.inode, state);
     }
 
