@@ -159,3 +159,24 @@ fn after_a_writer_to_the_source_changes_behind_the_mount_reach_page_cache_reader
         "no read went through the daemon"
     );
 }
+
+/// A writer opening while a reader still holds the writers' backing joins it, also once
+/// the file is whole in the cache again after the last writer's close (the kernel would
+/// refuse any other open beside that reader).
+#[test]
+fn a_writer_joins_a_reader_left_on_the_source_after_the_last_writer_closed() {
+    let t = mount();
+    let w = fs::File::create(t.m("f")).unwrap();
+    w.write_all_at(b"first", 0).unwrap();
+    let r = fs::File::open(t.m("f")).unwrap();
+    drop(w);
+    wait_until(Duration::from_secs(5), "the fill after the writer", || {
+        t.stats().cache.chunks_filled_behind >= 1
+    });
+    let w = fs::OpenOptions::new().write(true).open(t.m("f")).unwrap();
+    w.write_all_at(b"other", 0).unwrap();
+    let mut buf = [0u8; 5];
+    r.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"other");
+    assert_eq!(t.stats().cache.source_write_opens, 2);
+}

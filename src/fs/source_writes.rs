@@ -59,20 +59,21 @@ impl CachingFs {
 
     /// Whether a writer's open of `state`, a file of mode `mode`, may write the source by
     /// passthrough: nobody has the file open through the daemon (the kernel takes no
-    /// passthrough open beside such handles), and the node's live backing, if any, is the
-    /// source's, open for writing. Not a small file the cache holds whole, unless the open
-    /// makes its content anew (`new_content`: a create, `O_TRUNC`): a write through the
-    /// daemon keeps it whole (an append needs no sync), where a writer to the source would
-    /// drop it durably and leave it to be filled again (Postmark's appends took twice as
-    /// long). Its source descriptor is opened for reading too then.
+    /// passthrough open beside such handles), and it joins the node's live backing if
+    /// that is the source's, open for writing (`joins_source_writers`), or there is none.
+    /// Then not a small file the cache holds whole, unless the open makes its content anew
+    /// (`new_content`: a create, `O_TRUNC`): a write through the daemon keeps it whole (an
+    /// append needs no sync), where a writer to the source would drop it durably and leave
+    /// it to be filled again (Postmark's appends took twice as long). Its source
+    /// descriptor is opened for reading too then.
     pub(super) fn may_write_source(&self, state: &FileState, mode: u32, new_content: bool) -> bool {
         let kept_whole =
             state.complete() && state.record().identity.size <= self.cfg.whole_file_threshold;
+        let alone = state.backing.upgrade().is_none() && (new_content || !kept_whole);
         self.source_writes()
             && mode & SET_ID == 0
-            && (new_content || !kept_whole)
             && state.daemon_opens() == 0
-            && (state.backing_writable || state.backing.upgrade().is_none())
+            && (self.joins_source_writers(state) || alone)
     }
 
     /// The backing of a writer's open that `may_write_source` allowed, whose source
