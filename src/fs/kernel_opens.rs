@@ -180,13 +180,16 @@ impl CachingFs {
             return op(fh);
         }
         let keep = libc::O_ACCMODE | libc::O_SYNC | libc::O_DSYNC;
-        let opened = self.open_node(
-            id,
-            flags & keep,
-            None,
-            &no_backing,
-            PASSTHROUGH_RELEASE_WAIT,
-        )?;
+        let open = || {
+            let wait = PASSTHROUGH_RELEASE_WAIT;
+            self.open_node(id, flags & keep, None, &no_backing, wait)
+        };
+        // Once more after `ESTALE` (the look raced a change, `open_node`), as the kernel
+        // retries an open; a read would fail with it for good.
+        let opened = match open() {
+            Err(e) if e == Errno::ESTALE => open(),
+            r => r,
+        }?;
         let r = op(opened.fh);
         if let Ok(inode) = self.inode(id) {
             inode.served_kernel_open();

@@ -475,6 +475,9 @@ impl CachingFs {
                     && self.stale_check()
                     && self.identity(&self.source.fstat(f.as_fd())?) != self.identity(&st);
                 if raced {
+                    // A callback's look, older than the source now (a write behind the
+                    // mount whose event is still to come): the retry looks afresh.
+                    inode.break_callback();
                     return Err(io::Error::from_raw_os_error(libc::ESTALE));
                 }
                 Ok(f)
