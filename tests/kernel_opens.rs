@@ -12,7 +12,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{TestMount, pattern, wait_until};
+use common::{TestMount, pattern, wait_until, write_in_place};
 
 fn requests(t: &TestMount) -> BTreeMap<String, u64> {
     t.stats().requests
@@ -378,12 +378,7 @@ fn an_unwatched_change_of_the_same_size_drops_the_pages_once_the_ttl_is_over() {
     // A write through the mount, and the attributes that show its version: the kernel's
     // pages hold it, and it drops none of them.
     let mine = pattern(64 << 10, 2);
-    fs::OpenOptions::new()
-        .write(true)
-        .open(t.m("f"))
-        .unwrap()
-        .write_all_at(&mine, 0)
-        .unwrap();
+    write_in_place(&t.m("f"), 0, &mine);
     std::thread::sleep(Duration::from_millis(1300));
     let before = requests(&t);
     assert_eq!(fs::read(t.m("f")).unwrap(), mine);
@@ -394,12 +389,7 @@ fn an_unwatched_change_of_the_same_size_drops_the_pages_once_the_ttl_is_over() {
         .unwrap_or(0);
     assert_eq!(reads, 0, "the pages of an own write were dropped");
     let new = pattern(64 << 10, 3);
-    fs::OpenOptions::new()
-        .write(true)
-        .open(t.s("f"))
-        .unwrap()
-        .write_all_at(&new, 0)
-        .unwrap();
+    write_in_place(&t.s("f"), 0, &new);
     let took = wait_until(Duration::from_secs(5), "a change behind the mount", || {
         fs::read(t.m("f")).unwrap() == new
     });

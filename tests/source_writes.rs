@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{BIN, TestMount, pattern, wait_until};
+use common::{BIN, TestMount, pattern, wait_until, write_in_place};
 
 fn mount() -> TestMount {
     TestMount::new(&[
@@ -20,12 +20,6 @@ fn mount() -> TestMount {
         "--whole-file-threshold",
         "64K",
     ])
-}
-
-fn released(t: &TestMount) {
-    wait_until(Duration::from_secs(5), "releases", || {
-        t.stats().open_handles == 0
-    });
 }
 
 fn writes(t: &TestMount) -> u64 {
@@ -67,12 +61,14 @@ fn writers_write_the_source_and_the_cache_takes_the_new_version_at_close() {
     let s = t.stats().cache;
     assert_eq!(s.source_write_opens, 2, "{s:?}");
     assert_eq!(writes(&t), 0, "a write reached the daemon");
-    released(&t);
+    t.wait_released();
     wait_until(
         Duration::from_secs(10),
         "the fills behind the writers",
         || t.stats().cache.chunks_filled_behind >= 5 + 4,
     );
+    // Offline, names are found in the directory's saved listing: listed once before.
+    assert_eq!(fs::read_dir(&t.mnt).unwrap().count(), 2);
     offline(&t);
     assert_eq!(fs::read(t.m("new")).unwrap(), new);
     assert_eq!(fs::read(t.m("old")).unwrap(), expect);
@@ -139,17 +135,12 @@ fn after_a_writer_to_the_source_changes_behind_the_mount_reach_page_cache_reader
     let len = 256 << 10;
     fs::write(t.m("f"), pattern(len, 1)).unwrap();
     assert_eq!(t.stats().cache.source_write_opens, 1);
-    released(&t);
+    t.wait_released();
     for v in 2..5u64 {
         // Behind the mount: the cache entry is reset, and the large file, no longer whole
         // in the cache, is read through the daemon and the kernel's page cache.
         let new = pattern(len, v);
-        fs::OpenOptions::new()
-            .write(true)
-            .open(t.s("f"))
-            .unwrap()
-            .write_all_at(&new, 0)
-            .unwrap();
+        write_in_place(&t.s("f"), 0, &new);
         wait_until(Duration::from_secs(5), "a change behind the mount", || {
             fs::read(t.m("f")).unwrap() == new
         });

@@ -763,6 +763,13 @@ pub fn wait_for_value<T: std::fmt::Debug>(
 }
 
 /// Deterministic pseudo-random bytes.
+/// Writes `data` at `offset` of the existing file `path`, in place (no truncation).
+pub fn write_in_place(path: &Path, offset: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(data, offset).unwrap();
+}
+
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
