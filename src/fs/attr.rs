@@ -204,7 +204,7 @@ impl CachingFs {
             return self.truncate(&inode, path.as_deref(), src_fd, size, attr);
         }
         let _changing = inode.own_change();
-        let own = self.own_write(id);
+        let own = self.own_write(&inode);
         self.source
             .set_attr(path.as_deref(), object_fd, &attr)
             .map_err(errno)?;
@@ -314,7 +314,7 @@ impl CachingFs {
             state.fetch.invalidate();
             state.mark_written(&self.env());
         }
-        let own = self.own_write(inode.id);
+        let own = self.own_write(inode);
         let r = self.source.set_attr(path, fd.map(|f| f.as_fd()), &attr);
         let after = match (fd, path) {
             (Some(f), _) => self.source.fstat(f.as_fd()),

@@ -39,7 +39,7 @@ impl CachingFs {
     /// The node's live backing while writers write the source by passthrough
     /// (`fs/source_writes.rs`): a reader beside them reads the source, as the kernel gives
     /// all passthrough opens of a node one backing.
-    fn writers_backing(&self, state: &FileState) -> Option<Arc<BackingId>> {
+    pub(super) fn writers_backing(&self, state: &FileState) -> Option<Arc<BackingId>> {
         state
             .backing_writable
             .then(|| state.backing.upgrade())

@@ -6,7 +6,7 @@
 //! watches, by a notice once the attribute TTL has run out and a reply shows a new
 //! version (`kernel_version_told`): no open looks at the source. The kernel copies a
 //! write into its pages before it sends it, so the mount's own writes drop no pages
-//! (`OwnWrites`).
+//! (`OwnWrite`).
 //!
 //! Requests on such files carry no handle (fh 0). Each is served through a handle opened
 //! for it alone and released after it, so it sees what an open would: the cache state
@@ -53,9 +53,12 @@ pub(super) struct KernelOpens {
     /// read's open compares the cached bytes with the source's (`drop_racy_pages`).
     racy: Mutex<HashMap<u64, Instant>>,
     /// Files written through the mount, by node, until the kernel forgets them: the
-    /// versions their writes left (`OwnWrites`).
-    own: Mutex<HashMap<u64, OwnWrites>>,
+    /// versions their writes left, newest last (`OwnWrite`).
+    own: OwnVersions,
 }
+
+/// The versions files' own writes left, newest last, by node.
+type OwnVersions = Mutex<HashMap<u64, VecDeque<Version>>>;
 
 /// A file's version as its attributes show it: its size and times.
 type Version = (u64, (i64, u32), (i64, u32));
@@ -68,47 +71,42 @@ fn version(st: &Stat) -> Version {
 /// took one of them is compared with them a moment later, after more writes perhaps.
 const OWN_VERSIONS_KEPT: usize = 16;
 
-/// The mount's own writes of a file, which the kernel's pages of it already hold: the
-/// kernel copies a write into its pages before it sends it, and they are right from then
-/// on. Dropping them for the source's change that the write makes would be wrong, not
-/// only wasted: between the copy and the write's arrival here, a reader would fetch the
-/// bytes before it and the kernel keep those (`tests/direct_writes.rs`). So the mount's
-/// own versions drop no pages (`pages_follow_own_writes`).
-#[derive(Default)]
-struct OwnWrites {
-    /// Writes under way here: begun, their version not yet recorded.
-    under_way: u32,
-    /// The versions they left, newest last.
-    versions: VecDeque<Version>,
-}
-
-/// An own write of a file opened by the kernel, under way until dropped
-/// (`CachingFs::own_write`); `done` records the version it left.
+/// An own write of a file opened by the kernel (data, size or times), under way until
+/// dropped: an own change of its node (`Inode::own_change`), and `done` records the
+/// version it left. The kernel copies a write into its pages before it sends it, and
+/// they are right from then on. Dropping them for the source's change that the write
+/// makes would be wrong, not only wasted: between the copy and the write's arrival here,
+/// a reader would fetch the bytes before it and the kernel keep those
+/// (`tests/direct_writes.rs`). So the mount's own versions, and a change while an own one
+/// is under way, drop no pages (`pages_follow_own_writes`).
 pub(super) struct OwnWrite<'a> {
-    own: Option<&'a Mutex<HashMap<u64, OwnWrites>>>,
+    own: Option<(&'a OwnVersions, OwnChange)>,
     id: u64,
 }
+
+type OwnChange = crate::inode::OwnChange<Box<super::FileState>>;
 
 impl OwnWrite<'_> {
     /// The write (or a step of it) left the source at `after`.
     pub fn done(&self, after: &Stat) {
-        let Some(own) = self.own else { return };
+        let Some((own, _)) = &self.own else { return };
         let mut own = own.lock().unwrap();
-        let w = own.entry(self.id).or_default();
-        if w.versions.len() == OWN_VERSIONS_KEPT {
-            w.versions.pop_front();
+        let versions = own.entry(self.id).or_default();
+        if versions.len() == OWN_VERSIONS_KEPT {
+            versions.pop_front();
         }
-        w.versions.push_back(version(after));
+        versions.push_back(version(after));
     }
 }
 
-impl Drop for OwnWrite<'_> {
-    fn drop(&mut self) {
-        if let Some(own) = self.own
-            && let Some(w) = own.lock().unwrap().get_mut(&self.id)
-        {
-            w.under_way -= 1;
-        }
+impl KernelOpens {
+    /// Whether node `inode` is at an own version: an own change is under way, or the
+    /// source shows (`now`, when given) a version its writes left. `None`: the mount never
+    /// wrote it.
+    fn at_own_version(&self, inode: &Inode, now: Option<&Version>) -> Option<bool> {
+        let own = self.own.lock().unwrap();
+        let versions = own.get(&inode.id)?;
+        Some(inode.is_changing() || now.is_some_and(|v| versions.contains(v)))
     }
 }
 
@@ -224,20 +222,17 @@ impl CachingFs {
         }
     }
 
-    /// Marks a write of node `id` through the mount (data, size or times) under way until
+    /// Marks a write of `inode` through the mount (data, size or times) under way until
     /// the result is dropped; with kernel opens only.
-    pub(super) fn own_write(&self, id: u64) -> OwnWrite<'_> {
-        let own = self.kernel_opens.as_ref().map(|ko| &ko.own);
-        if let Some(own) = own {
-            own.lock().unwrap().entry(id).or_default().under_way += 1;
-        }
-        OwnWrite { own, id }
+    pub(super) fn own_write(&self, inode: &Arc<Inode>) -> OwnWrite<'_> {
+        let own = (self.kernel_opens.as_ref()).map(|ko| (&ko.own, inode.own_change()));
+        OwnWrite { own, id: inode.id }
     }
 
     /// For the invalidation thread, before it drops the kernel's pages of `inode`: `true`
     /// if the source is at a version the mount's own writes left (or one is under way),
     /// and nothing else moved the file's content since the kernel's pages were last
-    /// dropped. Its attributes go then, not its pages (`OwnWrites`). A change behind the
+    /// dropped. Its attributes go then, not its pages (`OwnWrite`). A change behind the
     /// mount that lands within a write of ours is taken for ours, as elsewhere
     /// (`FileState::written`).
     pub fn pages_follow_own_writes(&self, inode: &Inode) -> bool {
@@ -247,17 +242,16 @@ impl CachingFs {
         if inode.file_type != libc::S_IFREG || !inode.kernel_pages_current() {
             return false;
         }
-        // Not written through the mount, or a write under way: no look at the source.
-        match ko.own.lock().unwrap().get(&inode.id) {
+        // Never written through the mount, or an own change under way: no look at the source.
+        match ko.at_own_version(inode, None) {
             None => return false,
-            Some(w) if w.under_way > 0 => return true,
-            Some(_) => {}
+            Some(true) => return true,
+            Some(false) => {}
         }
         let Some(st) = inode.path().and_then(|p| self.source.stat(&p).ok()) else {
             return false;
         };
-        (ko.own.lock().unwrap().get(&inode.id))
-            .is_some_and(|w| w.under_way > 0 || w.versions.contains(&version(&st)))
+        ko.at_own_version(inode, Some(&version(&st))) == Some(true)
     }
 
     /// A reply is about to give the kernel `st` as `inode`'s attributes. The kernel is not
@@ -281,9 +275,7 @@ impl CachingFs {
         if !inode.told_kernel_version(hash) {
             return;
         }
-        let own = (ko.own.lock().unwrap().get(&inode.id))
-            .is_some_and(|w| w.under_way > 0 || w.versions.contains(&v));
-        if !own {
+        if ko.at_own_version(inode, Some(&v)) != Some(true) {
             self.coherence.notify(Notice::Inode(inode.id));
         }
     }

@@ -54,7 +54,7 @@ impl CachingFs {
     /// Whether a writer opening `state` joins the writers already writing the source by
     /// passthrough (then it need not wait for passthrough handles to close).
     pub(super) fn joins_source_writers(&self, state: &FileState) -> bool {
-        self.source_writes() && state.backing_writable && state.backing.upgrade().is_some()
+        self.source_writes() && self.writers_backing(state).is_some()
     }
 
     /// Whether a writer's open of `state`, a file of mode `mode`, may write the source by
@@ -85,9 +85,9 @@ impl CachingFs {
         source: &File,
         make_backing: &dyn Fn(&File) -> io::Result<BackingId>,
     ) -> Option<Arc<BackingId>> {
-        let backing = match state.backing.upgrade() {
-            Some(live) if state.backing_writable => live,
-            Some(_) => return None,
+        let backing = match self.writers_backing(state) {
+            Some(live) => live,
+            None if state.backing.upgrade().is_some() => return None,
             None => match make_backing(source) {
                 Ok(b) => {
                     let b = Arc::new(b);

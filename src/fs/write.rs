@@ -33,7 +33,7 @@ impl CachingFs {
         // Fetches in flight read the source before this write: none may land after it.
         state.fetch.invalidate();
         state.mark_write(&self.env(), offset, data.len() as u64);
-        let own = self.own_write(h.inode.id);
+        let own = self.own_write(&h.inode);
         let written = self.source.write_all_at(src.as_fd(), data, offset);
         if let Err(e) = written {
             // Part of the range may have reached the source: forget what we knew of it.
@@ -175,7 +175,7 @@ impl CachingFs {
             state.fetch.invalidate();
             state.mark_written(&self.env());
         }
-        let own = self.own_write(h.inode.id);
+        let own = self.own_write(&h.inode);
         // Under the source guard: a hung source holds this file's lock no longer than the
         // source timeout.
         let res = self.source.with_fd(src.as_fd(), move |f| {
