@@ -19,13 +19,19 @@ const CHUNKS: usize = 64;
 
 /// Small chunks and threshold, so that a 4 MiB file is a large one of 64 chunks.
 fn mount() -> TestMount {
-    TestMount::new(&[
+    mount_with(&[])
+}
+
+fn mount_with(extra: &[&str]) -> TestMount {
+    let mut args = vec![
         "--source-reads",
         "--chunk-size",
         "64K",
         "--whole-file-threshold",
         "64K",
-    ])
+    ];
+    args.extend_from_slice(extra);
+    TestMount::new(&args)
 }
 
 /// Chunk `c` of version `v`: every byte names both, so a block read shows which version
@@ -148,13 +154,25 @@ fn the_fill_behind_a_source_read_copies_only_what_the_reader_brought_into_memory
     assert_eq!(far.err().and_then(|e| e.raw_os_error()), Some(libc::EIO));
 }
 
-/// Readers of the source race writers through the mount and changes behind it: every
-/// chunk any reader gets is one the file held, and once the changes stop the mount gives
-/// the last version, whether from the source or from what the fills behind the readers
-/// put in the cache.
+/// Readers of the source race writers through the mount and changes behind it, and a
+/// lister lists the directory: every chunk any reader gets is one the file held, every
+/// listing has the file, and once the changes stop the mount gives the last version,
+/// whether from the source or from what the fills behind the readers (and writers) put in
+/// the cache.
 #[test]
 fn readers_of_the_source_racing_changes_get_only_versions_the_file_held() {
-    let t = Arc::new(mount());
+    readers_of_the_source_racing_changes(&[]);
+}
+
+/// The same with writers through the mount writing the source by passthrough
+/// (`--source-writes`): readers opened beside them read it too.
+#[test]
+fn readers_and_writers_of_the_source_racing_changes_get_only_versions_the_file_held() {
+    readers_of_the_source_racing_changes(&["--source-writes"]);
+}
+
+fn readers_of_the_source_racing_changes(extra: &[&str]) {
+    let t = Arc::new(mount_with(extra));
     t.expect_warnings();
     fs::write(t.s("big"), version(0)).unwrap();
     let latest = Arc::new(AtomicU64::new(0));
@@ -209,6 +227,24 @@ fn readers_of_the_source_racing_changes_get_only_versions_the_file_held() {
             reads
         }));
     }
+    {
+        let (t, stop) = (t.clone(), stop.clone());
+        readers.push(std::thread::spawn(move || {
+            let _stop = StopOnDrop(stop.clone());
+            while !stop.load(SeqCst) {
+                let names: Vec<_> = fs::read_dir(&t.mnt)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                assert!(
+                    names.iter().any(|n| n == "big"),
+                    "a listing without the file"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            0
+        }));
+    }
     let until = std::time::Instant::now() + Duration::from_secs(4);
     while !stop.load(SeqCst) && std::time::Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
@@ -234,6 +270,9 @@ fn readers_of_the_source_racing_changes_get_only_versions_the_file_held() {
         s.chunks_left_behind
     );
     assert!(s.source_read_opens > 0, "{s:?}");
+    if extra.contains(&"--source-writes") {
+        assert!(s.source_write_opens > 0, "{s:?}");
+    }
     // The last version, once the watcher has told of the last change behind the mount.
     let last = fs::read(t.s("big")).unwrap();
     wait_until(Duration::from_secs(10), "the last version", || {
