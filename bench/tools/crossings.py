@@ -3,6 +3,7 @@
 
     sudo bench/tools/crossings.py TREE [GIT_CHECKOUT] [--rounds N] [--ops walk,...]
                                   [--variants default,ko,kd] [--bin HOARDFS]...
+                                  [--peer NAME=COMMAND]...
 
 For each round, systems interleaved: native (TREE read directly), bindfs, and each
 hoardfs binary given (default target/release/hoardfs), once with its defaults and once
@@ -12,12 +13,18 @@ and `git status` in a copy of GIT_CHECKOUT) a fresh mount with an empty cache, t
   cold  caches dropped (for hoardfs: the persistent cache empty)
   warm  caches dropped again, same mount (the persistent cache full)
   hot   at once again
+  again at once once more: the steady state of a hot tree (the hot pass after a warm one
+        also refreshes the attributes the warm pass's reads through the daemon left
+        stale: the kernel drops a file's atime after every read a daemon serves)
 
 `git status` has no cold row: the first run on a mount refreshes the index (the mount's
 inode numbers are not the source's), so it runs once untimed first. Prints, per
 operation, phase and system, the median time, its ratio to native in the same rounds,
 and for hoardfs the requests that reached the daemon (`hoardfs stats --json` deltas, the
-Coda Table 2 count) in the last round. Needs `bt` (built here from bench/tools/bt.c) and
+Coda Table 2 count) in the last round. `--peer NAME=COMMAND` adds a reference daemon
+without a cache, mounted as `COMMAND SRC MNT` (for the floor a FUSE daemon sets here,
+e.g. libfuse's passthrough_hp built beside the project; see docs/performance.md,
+session 31). Needs `bt` (built here from bench/tools/bt.c) and
 bindfs. Works in $CROSSINGS_DIR (default /var/tmp/hoardfs-crossings), which it removes.
 """
 
@@ -68,13 +75,22 @@ def stats(mnt, binary):
     return json.loads(out)["requests"]
 
 
+def wait_mounted(mnt):
+    # A peer that daemonizes may return before its mount is there.
+    for _ in range(100):
+        if os.path.ismount(mnt):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{mnt}: not mounted")
+
+
 def delta(a, b):
     return {k: b[k] - a.get(k, 0) for k in b if b[k] - a.get(k, 0)}
 
 
 class System:
-    def __init__(self, name, binary=None, extra=()):
-        self.name, self.binary, self.extra = name, binary, list(extra)
+    def __init__(self, name, binary=None, extra=(), peer=None):
+        self.name, self.binary, self.extra, self.peer = name, binary, list(extra), peer
 
     def mount(self, src, mnt, cache):
         if self.name == "native":
@@ -82,6 +98,9 @@ class System:
         os.makedirs(mnt, exist_ok=True)
         if self.name == "bindfs":
             sh("bindfs", src, mnt)
+        elif self.peer:
+            sh(*self.peer.split(), src, mnt)
+            wait_mounted(mnt)
         else:
             shutil.rmtree(cache, ignore_errors=True)
             os.makedirs(cache)
@@ -105,8 +124,8 @@ def measure(system, op, tree, git_tree):
     try:
         if op == "git":
             run_op(op, where)  # refreshes the index for this mount's inode numbers
-        for phase in (["warm", "hot"] if op == "git" else ["cold", "warm", "hot"]):
-            if phase != "hot":
+        for phase in (["warm", "hot", "again"] if op == "git" else ["cold", "warm", "hot", "again"]):
+            if phase in ("cold", "warm"):
                 drop()
             before = system.counts(mnt)
             secs = run_op(op, where)
@@ -123,6 +142,8 @@ def main():
     p.add_argument("git_checkout", nargs="?")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bin", action="append", default=[])
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
+                   help="a reference daemon without a cache, mounted as COMMAND SRC MNT")
     p.add_argument("--ops", default=",".join(OPS), help="of: " + ", ".join(OPS))
     p.add_argument("--variants", default="default,ko",
                    help="hoardfs mounts: default, ko (--kernel-opens), kd (--kernel-dir-opens)")
@@ -131,6 +152,9 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     sh("cc", "-O2", "-o", BT, os.path.join(HERE, "bt.c"))
     systems = [System("native"), System("bindfs")]
+    for peer in a.peer:
+        name, _, command = peer.partition("=")
+        systems.append(System(name, peer=command))
     variants = {"default": ("hoardfs", []), "ko": ("hoardfs-ko", ["--kernel-opens"]),
                 "kd": ("hoardfs-kd", ["--kernel-dir-opens"])}
     for i, b in enumerate(bins):

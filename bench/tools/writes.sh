@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/tools/writes.sh: the write-heavy rows of issue 22 in a few minutes, side by side.
 #
-#   sudo bench/tools/writes.sh ROUNDS TARBALL HOARDFS_BIN...
+#   sudo bench/tools/writes.sh ROUNDS TARBALL HOARDFS_BIN... [peer:NAME=COMMAND]...
 #
 # For each round, interleaved: native (a directory on the same file system), bindfs, then
 # each hoardfs binary given (a fresh mount with a fresh cache each time). Each system runs
@@ -11,14 +11,16 @@
 # on the source for every system). Native times include a `sync -f` (the mounts write
 # through to the source before each request returns). Prints one line per run and the
 # medians; for hoardfs also the daemon's CPU seconds. Works in $HOARDFS_WRITES_DIR (default /var/tmp/hoardfs-writes),
-# which must be on the file system to measure; removes it at the end.
+# which must be on the file system to measure; removes it at the end. A `peer:NAME=COMMAND`
+# argument adds a reference daemon without a cache, mounted as `COMMAND SRC MNT` (the floor
+# a FUSE daemon sets here, e.g. libfuse's passthrough_hp; docs/performance.md, session 31).
 set -euo pipefail
 ROUNDS=$1; TAR=$2; shift 2
 W=${HOARDFS_WRITES_DIR:-/var/tmp/hoardfs-writes}
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 now() { date +%s.%N; }
 cpu_of() { # CPU seconds of the daemon serving mount $1
-  local pid; pid=$(pgrep -f -- " $1 " | head -1) || { echo "?"; return; }
+  local pid; pid=$(pgrep -f -- " $1( |$)" | head -1) || { echo "?"; return; }
   local t=0; for f in /proc/"$pid"/task/*/stat; do t=$((t + $(awk '{print $14+$15}' "$f"))); done
   echo "scale=2; $t/$(getconf CLK_TCK)" | bc
 }
@@ -28,6 +30,11 @@ fresh() { # fresh() SYSTEM: sets LOC (where to work) for a new empty source and 
   case $1 in
     native) LOC=$W/src ;;
     bindfs) bindfs "$W/src" "$W/mnt"; LOC=$W/mnt ;;
+    peer:*) # word splitting of COMMAND is wanted: a program and its options
+      # shellcheck disable=SC2086
+      ${1#peer:*=} "$W/src" "$W/mnt"
+      for _ in $(seq 100); do mountpoint -q "$W/mnt" && break; sleep 0.05; done
+      LOC=$W/mnt ;;
     *) "$1" "$W/src" "$W/mnt" --cache-dir "$W/cache"; LOC=$W/mnt ;;
   esac
 }
@@ -37,10 +44,10 @@ finish() { # finish() SYSTEM: the daemon's CPU, then unmount
 }
 elapsed() { echo "$2 - $1" | bc; }
 results=$(mktemp)
-trap 'umount "$W/mnt" 2>/dev/null; rm -rf "$W" "$results"' EXIT
+trap 'umount "$W/mnt" 2>/dev/null || true; rm -rf "$W" "$results"' EXIT
 for r in $(seq "$ROUNDS"); do
   for sys in native bindfs "$@"; do
-    name=$(basename "$sys")
+    case $sys in peer:*) name=${sys#peer:}; name=${name%%=*} ;; *) name=$(basename "$sys") ;; esac
     fresh "$sys"
     printf 'set location %s\nset number 2000\nset transactions 5000\nset size 512 10000\nset seed 42\nrun\nquit\n' "$LOC" > "$W/pm.cfg"
     drop; s=$(now); postmark "$W/pm.cfg" > /dev/null; [ "$sys" = native ] && sync -f "$W/src"; e=$(now)
