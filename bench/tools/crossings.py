@@ -3,7 +3,7 @@
 
     sudo bench/tools/crossings.py TREE [GIT_CHECKOUT] [--rounds N] [--ops walk,...]
                                   [--variants default,ko,kd] [--bin HOARDFS]...
-                                  [--peer NAME=COMMAND]...
+                                  [--peer NAME=COMMAND]... [--cache-root DIR]
 
 For each round, systems interleaved: native (TREE read directly), bindfs, and each
 hoardfs binary given (default target/release/hoardfs), once with its defaults and once
@@ -26,6 +26,8 @@ without a cache, mounted as `COMMAND SRC MNT` (for the floor a FUSE daemon sets 
 e.g. libfuse's passthrough_hp built beside the project; see docs/performance.md,
 session 31). Needs `bt` (built here from bench/tools/bt.c) and
 bindfs. Works in $CROSSINGS_DIR (default /var/tmp/hoardfs-crossings), which it removes.
+`--cache-root DIR` puts hoardfs's cache in DIR/cache instead (a file system of its own, so
+that the fill's writes do not share the source's disk; removed at the end).
 """
 
 import argparse
@@ -42,6 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 WORK = os.environ.get("CROSSINGS_DIR", "/var/tmp/hoardfs-crossings")
 BT = os.path.join(WORK, "bt")
 OPS = ["walk", "readall", "grep", "git"]
+CACHE = os.path.join(WORK, "cache")  # --cache-root DIR: DIR/cache
 
 
 def sh(*args, **kw):
@@ -118,8 +121,8 @@ class System:
 def measure(system, op, tree, git_tree):
     """One fresh mount: {phase: (seconds, requests or None)}."""
     src = os.path.join(WORK, "git", system.name) if op == "git" else tree
-    mnt, cache = os.path.join(WORK, "mnt"), os.path.join(WORK, "cache")
-    where = system.mount(src, mnt, cache)
+    mnt = os.path.join(WORK, "mnt")
+    where = system.mount(src, mnt, CACHE)
     out = {}
     try:
         if op == "git":
@@ -147,7 +150,12 @@ def main():
     p.add_argument("--ops", default=",".join(OPS), help="of: " + ", ".join(OPS))
     p.add_argument("--variants", default="default,ko",
                    help="hoardfs mounts: default, ko (--kernel-opens), kd (--kernel-dir-opens)")
+    p.add_argument("--cache-root", metavar="DIR",
+                   help="hoardfs's cache in DIR/cache (e.g. a file system of its own)")
     a = p.parse_args()
+    global CACHE
+    if a.cache_root:
+        CACHE = os.path.join(a.cache_root, "cache")
     bins = a.bin or [os.path.join(ROOT, "target/release/hoardfs")]
     os.makedirs(WORK, exist_ok=True)
     sh("cc", "-O2", "-o", BT, os.path.join(HERE, "bt.c"))
@@ -192,6 +200,7 @@ def main():
     finally:
         subprocess.run(["umount", os.path.join(WORK, "mnt")], stderr=subprocess.DEVNULL)
         shutil.rmtree(WORK, ignore_errors=True)
+        shutil.rmtree(CACHE, ignore_errors=True)
 
 
 if __name__ == "__main__":
