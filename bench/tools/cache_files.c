@@ -19,33 +19,45 @@
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
+// A call that failed ends the run: figures of calls that did nothing would mislead.
+static int ok(int r, const char *what) {
+  if (r < 0) { perror(what); exit(1); }
+  return r;
+}
 int main(int c, char **v) {
+  if (c != 4 || !strchr("12x", v[3][0])) { fprintf(stderr, "usage: %s N DIR 1|2|x\n", v[0]); return 2; }
   int n = atoi(v[1]); char *dir = v[2]; char mode = v[3][0];
   char p[4096], buf[128]; memset(buf, 'x', sizeof buf);
   snprintf(p, sizeof p, "%s/d", dir); mkdir(p, 0700);
   snprintf(p, sizeof p, "%s/m", dir); mkdir(p, 0700);
-  int dd = open(dir, O_PATH | O_DIRECTORY);
+  int dd = ok(open(dir, O_PATH | O_DIRECTORY), dir);
   struct timespec a, b; clock_gettime(CLOCK_MONOTONIC, &a);
   int *fds = malloc(n * sizeof(int));
   for (int i = 0; i < n; i++) {
     snprintf(p, sizeof p, "d/%d", i);
-    int fd = openat(dd, p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int fd = ok(openat(dd, p, O_RDWR | O_CREAT | O_CLOEXEC, 0600), p);
     struct stat st; fstat(fd, &st);
     if (mode == '2') {
       snprintf(p, sizeof p, "m/%d", i);
-      int m = openat(dd, p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-      fstat(m, &st); pwrite(m, buf, 109, 0); fstat(m, &st); close(m);
+      int m = ok(openat(dd, p, O_RDWR | O_CREAT | O_CLOEXEC, 0600), p);
+      fstat(m, &st); ok(pwrite(m, buf, 109, 0), "pwrite"); fstat(m, &st); close(m);
     } else if (mode == 'x') {
-      fsetxattr(fd, "user.hoardfs.record", buf, 109, 0);
+      ok(fsetxattr(fd, "user.hoardfs.record", buf, 109, 0), "fsetxattr");
     }
-    pwrite(fd, buf, 94, 0); fstat(fd, &st);
-    sync_file_range(fd, 0, 94, SYNC_FILE_RANGE_WRITE);
+    ok(pwrite(fd, buf, 94, 0), "pwrite"); fstat(fd, &st);
+    ok(sync_file_range(fd, 0, 94, SYNC_FILE_RANGE_WRITE), "sync_file_range");
     fds[i] = fd;
   }
   for (int i = 0; i < n; i++) {
-    fdatasync(fds[i]);
-    if (mode == '2') { snprintf(p, sizeof p, "m/%d", i); int m = openat(dd, p, O_RDWR); pwrite(m, buf, 109, 0); close(m); }
-    else if (mode == 'x') fsetxattr(fds[i], "user.hoardfs.record", buf, 109, 0);
+    ok(fdatasync(fds[i]), "fdatasync");
+    if (mode == '2') {
+      snprintf(p, sizeof p, "m/%d", i);
+      int m = ok(openat(dd, p, O_RDWR), p);
+      ok(pwrite(m, buf, 109, 0), "pwrite");
+      close(m);
+    } else if (mode == 'x') {
+      ok(fsetxattr(fds[i], "user.hoardfs.record", buf, 109, 0), "fsetxattr");
+    }
     close(fds[i]);
   }
   clock_gettime(CLOCK_MONOTONIC, &b);

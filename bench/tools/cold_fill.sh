@@ -21,15 +21,16 @@ M=$W/mnt; Z=$W/zram
 ZRAM=/sys/block/zram0
 mkdir -p "$M" "$Z"
 cc -O2 -o "$W/bt" "$HERE/bt.c"
+where=(disk tmpfs)
+if [ -e "$ZRAM" ] && [ "$(cat "$ZRAM/disksize")" = 0 ]; then where=(disk ext4j ext4nj tmpfs); fi
 cleanup() {
   umount "$M" 2>/dev/null || true
   umount "$Z" 2>/dev/null || true
-  [ -e "$ZRAM" ] && { echo 1 > "$ZRAM/reset"; } 2>/dev/null || true
+  # zram0 is reset only if this run took it (it was unused at the start).
+  if [ "${#where[@]}" = 4 ]; then echo 1 > "$ZRAM/reset" 2>/dev/null || true; fi
   rm -rf "$W"
 }
 trap cleanup EXIT
-where=(disk tmpfs)
-if [ -e "$ZRAM" ] && [ "$(cat "$ZRAM/disksize")" = 0 ]; then where=(disk ext4j ext4nj tmpfs); fi
 
 timed() { # seconds of one cold ReadAll of $1
   sync; echo 3 > /proc/sys/vm/drop_caches

@@ -26,8 +26,8 @@ without a cache, mounted as `COMMAND SRC MNT` (for the floor a FUSE daemon sets 
 e.g. libfuse's passthrough_hp built beside the project; see docs/performance.md,
 session 31). Needs `bt` (built here from bench/tools/bt.c) and
 bindfs. Works in $CROSSINGS_DIR (default /var/tmp/hoardfs-crossings), which it removes.
-`--cache-root DIR` puts hoardfs's cache in DIR/cache instead (a file system of its own, so
-that the fill's writes do not share the source's disk; removed at the end).
+`--cache-root DIR` puts hoardfs's cache in DIR/cache instead (on a file system of its own,
+docs/performance.md, session 32; removed at the end).
 """
 
 import argparse
@@ -44,7 +44,6 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 WORK = os.environ.get("CROSSINGS_DIR", "/var/tmp/hoardfs-crossings")
 BT = os.path.join(WORK, "bt")
 OPS = ["walk", "readall", "grep", "git"]
-CACHE = os.path.join(WORK, "cache")  # --cache-root DIR: DIR/cache
 
 
 def sh(*args, **kw):
@@ -118,11 +117,11 @@ class System:
         return stats(mnt, self.binary) if self.binary else None
 
 
-def measure(system, op, tree, git_tree):
-    """One fresh mount: {phase: (seconds, requests or None)}."""
+def measure(system, op, tree, git_tree, cache):
+    """One fresh mount (hoardfs's cache in `cache`): {phase: (seconds, requests or None)}."""
     src = os.path.join(WORK, "git", system.name) if op == "git" else tree
     mnt = os.path.join(WORK, "mnt")
-    where = system.mount(src, mnt, CACHE)
+    where = system.mount(src, mnt, cache)
     out = {}
     try:
         if op == "git":
@@ -153,9 +152,7 @@ def main():
     p.add_argument("--cache-root", metavar="DIR",
                    help="hoardfs's cache in DIR/cache (e.g. a file system of its own)")
     a = p.parse_args()
-    global CACHE
-    if a.cache_root:
-        CACHE = os.path.join(a.cache_root, "cache")
+    cache = os.path.join(a.cache_root or WORK, "cache")
     bins = a.bin or [os.path.join(ROOT, "target/release/hoardfs")]
     os.makedirs(WORK, exist_ok=True)
     sh("cc", "-O2", "-o", BT, os.path.join(HERE, "bt.c"))
@@ -182,7 +179,7 @@ def main():
         for r in range(a.rounds):
             for op in ops:
                 for s in systems:
-                    for phase, (secs, req) in measure(s, op, a.tree, a.git_checkout).items():
+                    for phase, (secs, req) in measure(s, op, a.tree, a.git_checkout, cache).items():
                         times.setdefault((op, phase, s.name), []).append(secs)
                         last[(op, phase, s.name)] = req
                         print(f"round {r + 1} {op} {phase} {s.name} {secs:.3f} s",
@@ -200,7 +197,7 @@ def main():
     finally:
         subprocess.run(["umount", os.path.join(WORK, "mnt")], stderr=subprocess.DEVNULL)
         shutil.rmtree(WORK, ignore_errors=True)
-        shutil.rmtree(CACHE, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":
