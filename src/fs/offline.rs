@@ -40,6 +40,9 @@ pub struct Listed {
     /// Counts changes of the namespace through the mount and those the watcher reports
     /// (`CachingFs::dir_entries`).
     generation: u64,
+    /// Counts listings saved or dropped: a listing decoded from its file while one was
+    /// saved is not kept in `loaded`, as it may be the older one (`loaded_listing`).
+    saves: u64,
 }
 
 /// How often the listings of directories changed through the mount are taken again: a
@@ -92,10 +95,12 @@ impl CachingFs {
     // ------------------------------------------------------------ taking listings online
 
     /// Saves the listing of directory `path` (entries read by the caller) with every
-    /// entry's attributes, unless a current one is saved already.
-    pub(super) fn save_listing(&self, path: &Path, entries: &[crate::source::DirEntry]) {
+    /// entry's attributes, unless a current one is saved already. Whether a listing of
+    /// these entries is saved now: not if the source or the cache failed (the mount went
+    /// offline meanwhile, a disk error), and the caller may try again.
+    pub(super) fn save_listing(&self, path: &Path, entries: &[crate::source::DirEntry]) -> bool {
         let Ok(dir) = self.source.stat(path) else {
-            return;
+            return false;
         };
         {
             let listed = self.listed.lock().unwrap();
@@ -104,12 +109,12 @@ impl CachingFs {
                 && st.ctime == dir.ctime
                 && at.elapsed() < LISTING_MAX_AGE
             {
-                return;
+                return true;
             }
         }
         let names: Vec<&OsStr> = entries.iter().map(|e| e.name.as_os_str()).collect();
         let Ok(stats) = self.source.stat_children(path, &names) else {
-            return;
+            return false;
         };
         let mut listed = Vec::with_capacity(entries.len());
         for (e, st) in entries.iter().zip(stats) {
@@ -118,13 +123,15 @@ impl CachingFs {
             let st = match st {
                 Ok(st) => st,
                 Err(err) if err.raw_os_error() == Some(libc::ENOENT) => continue,
-                Err(_) => return,
+                Err(_) => return false,
             };
             let link = if st.file_type() == libc::S_IFLNK {
-                let Ok(p) = child(path, &e.name) else { return };
+                let Ok(p) = child(path, &e.name) else {
+                    return false;
+                };
                 match self.source.readlink(&p) {
                     Ok(l) => Some(l),
-                    Err(_) => return,
+                    Err(_) => return false,
                 }
             } else {
                 None
@@ -152,12 +159,21 @@ impl CachingFs {
             Ok(()) => {
                 let mut listed = self.listed.lock().unwrap();
                 listed.loaded.remove(path);
-                listed.changed.remove(path);
-                listed
-                    .taken
-                    .insert(path.to_path_buf(), (dir, Instant::now()));
+                listed.saves += 1;
+                // Changed through the mount meanwhile, perhaps after the caller read
+                // `entries`: this listing may lack that change, so it is not current, and
+                // the `relist` thread takes it again.
+                if !listed.changed.contains(path) {
+                    listed
+                        .taken
+                        .insert(path.to_path_buf(), (dir, Instant::now()));
+                }
+                true
             }
-            Err(e) => tracing::debug!(?path, "cannot save listing: {e}"),
+            Err(e) => {
+                tracing::debug!(?path, "cannot save listing: {e}");
+                false
+            }
         }
     }
 
@@ -228,15 +244,27 @@ impl CachingFs {
         }
         let changed: Vec<PathBuf> = self.listed.lock().unwrap().changed.drain().collect();
         for dir in changed {
-            match self.source.read_dir(&dir) {
+            let saved = match self.source.read_dir(&dir) {
                 Ok(entries) => self.save_listing(&dir, &entries),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
                     self.cache.drop_listing(&dir);
+                    let mut listed = self.listed.lock().unwrap();
+                    listed.loaded.remove(&dir);
+                    listed.saves += 1;
+                    continue;
                 }
-                Err(_) => {
-                    // The source failed: try again next time, or once back online.
-                    self.listed.lock().unwrap().changed.insert(dir);
-                }
+                Err(_) => false,
+            };
+            if !saved {
+                // The source failed, or the mount went offline midway: try again next
+                // time, or once back online (dropped from `changed`, the directory would
+                // keep its old listing for good).
+                self.listed.lock().unwrap().changed.insert(dir);
+            } else if let Some(parent) = dir.parent() {
+                // Its ancestors may never have been listed (a file created by its path in
+                // a tree nobody listed or read): they are now, as an open's are, or
+                // nothing in it could be reached offline.
+                self.ensure_listed(parent);
             }
         }
     }
@@ -256,6 +284,7 @@ impl CachingFs {
         })?;
         let mut listed = self.listed.lock().unwrap();
         listed.taken.remove(dir);
+        listed.saves += 1;
         listed
             .loaded
             .insert(dir.to_path_buf(), Arc::new(Indexed::new(listing)));
@@ -264,11 +293,21 @@ impl CachingFs {
 
     /// The saved listing of `dir`, decoded once and kept while offline lookups use it.
     fn loaded_listing(&self, dir: &Path) -> Option<Arc<Indexed>> {
-        if let Some(l) = self.listed.lock().unwrap().loaded.get(dir) {
-            return Some(l.clone());
-        }
+        let saves = {
+            let listed = self.listed.lock().unwrap();
+            if let Some(l) = listed.loaded.get(dir) {
+                return Some(l.clone());
+            }
+            listed.saves
+        };
         let l = Arc::new(Indexed::new(self.cache.load_listing(dir)?));
         let mut listed = self.listed.lock().unwrap();
+        // A listing saved meanwhile (the relisting of a directory begun online, finishing
+        // after the switch offline) may be newer than the file read here: this one
+        // answers once, and the next call reads the file again.
+        if listed.saves != saves {
+            return Some(l);
+        }
         if listed.loaded.len() >= LOADED_MAX {
             // Any one: directories are walked one after another.
             if let Some(k) = listed.loaded.keys().next().cloned() {
