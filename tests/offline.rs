@@ -1058,11 +1058,31 @@ fn files_created_in_a_tree_never_listed_are_reachable_offline() {
 /// every offline look to the daemon's saved listings. `HOARDFS_RELIST_ROUNDS` (4) rounds.
 #[test]
 fn creates_racing_the_relisting_are_all_reachable_offline() {
-    let t = TestMount::new(&["--entry-ttl", "0", "--attr-ttl", "0", "--negative-ttl", "0"]);
+    creates_racing_the_relisting(false);
+}
+
+/// The same with `--offline-writes=log`, and a file created offline right after each
+/// switch: a relisting begun online and saved after that create once replaced the
+/// listing the create had edited, and the file was gone from it.
+#[test]
+fn offline_creates_racing_a_relisting_stay_listed() {
+    creates_racing_the_relisting(true);
+}
+
+fn creates_racing_the_relisting(offline_writes: bool) {
+    let mut args = vec!["--entry-ttl", "0", "--attr-ttl", "0", "--negative-ttl", "0"];
+    if offline_writes {
+        args.extend(["--offline-writes", "log"]);
+    }
+    let t = TestMount::new(&args);
     t.expect_warnings();
     fs::create_dir(t.s("big")).unwrap();
     for i in 0..20_000 {
         fs::write(t.s(&format!("big/old{i}")), b"").unwrap();
+    }
+    // Listed once, so that a change is possible offline from the first round.
+    for dir in ["", "big"] {
+        fs::read_dir(t.m(dir)).unwrap().for_each(drop);
     }
     let rounds: u64 = std::env::var("HOARDFS_RELIST_ROUNDS").map_or(4, |v| v.parse().unwrap());
     for round in 0..rounds {
@@ -1074,6 +1094,20 @@ fn creates_racing_the_relisting_are_all_reachable_offline() {
             names.push(format!("big/r{round}n{}", names.len()));
             fs::write(t.m(names.last().unwrap()), b"x").unwrap();
             std::thread::sleep(Duration::from_millis(7));
+        }
+        if offline_writes {
+            // Made offline at once, while a relisting may be on its way; still there once
+            // that has ended.
+            assert!(hoardfs(&["offline"], &t.mnt).status.success());
+            let made = format!("big/offline{round}");
+            fs::write(t.m(&made), b"y").unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+            assert!(
+                fs::symlink_metadata(t.m(&made)).is_ok(),
+                "round {round}: {made} made offline is gone from the listing"
+            );
+            assert!(go_online(&t.mnt).status.success());
+            names.push(made);
         }
         // Within a few relistings every name is listed offline; a lost one never is.
         let missing = |t: &TestMount| {

@@ -147,6 +147,13 @@ impl CachingFs {
             dir,
             entries: listed,
         };
+        // Offline changes edit the saved listings (`--offline-writes=log`, under
+        // `offline_edits`): a listing read online and saved after the switch offline
+        // would undo those made since. Taken again once back online.
+        let _edits = self.offline_edits.lock().unwrap();
+        if !self.online() {
+            return false;
+        }
         // Taken again as saved before (by an earlier daemon, or past `LISTING_MAX_AGE`):
         // the file on disk stays as it is. Reading it costs one small read; writing it a
         // new file, its rename over the old one and the old one's freeing.
