@@ -89,6 +89,16 @@ fn go_online(mnt: &Path) -> std::process::Output {
     }
 }
 
+/// The names in directory `dir`, sorted.
+fn sorted_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
 fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
@@ -1006,12 +1016,7 @@ fn a_create_through_the_mount_keeps_the_directory_readable_offline() {
     fs::write(t.m("d/new2"), b"y").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(hoardfs(&["offline"], &t.mnt).status.success());
-    let mut names: Vec<String> = fs::read_dir(t.m("d"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["f1", "new", "new2"]);
+    assert_eq!(sorted_names(&t.m("d")), ["f1", "new", "new2"]);
     assert_eq!(fs::read(t.m("d/f1")).unwrap(), b"one");
     assert_eq!(fs::read(t.m("d/new2")).unwrap(), b"y");
 }
@@ -1026,7 +1031,12 @@ fn files_created_in_a_tree_never_listed_are_reachable_offline() {
     fs::create_dir_all(t.s("a/b")).unwrap();
     fs::write(t.m("a/b/new"), b"written through the mount").unwrap();
     let listings = t.cache.join("dirs");
-    let count = || fs::read_dir(&listings).map_or(0, |d| d.count());
+    let count = || {
+        fs::read_dir(&listings).map_or(0, |d| {
+            let saved = |e: &fs::DirEntry| !e.file_name().to_string_lossy().ends_with(".tmp");
+            d.filter(|e| e.as_ref().is_ok_and(saved)).count()
+        })
+    };
     // The root, `a` and `a/b`.
     wait_until(Duration::from_secs(10), "three listings saved", || {
         count() >= 3
@@ -1036,17 +1046,9 @@ fn files_created_in_a_tree_never_listed_are_reachable_offline() {
         fs::read(t.m("a/b/new")).unwrap(),
         b"written through the mount"
     );
-    let names = |rel: &str| -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(t.m(rel))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(names("a/b"), ["new"]);
-    assert_eq!(names("a"), ["b"]);
-    assert_eq!(names(""), ["a"]);
+    assert_eq!(sorted_names(&t.m("a/b")), ["new"]);
+    assert_eq!(sorted_names(&t.m("a")), ["b"]);
+    assert_eq!(sorted_names(&t.mnt), ["a"]);
 }
 
 /// Creates through the mount racing the `relist` thread's listing of their directory, and
