@@ -254,11 +254,17 @@ impl CachingFs {
             let saved = match self.source.read_dir(&dir) {
                 Ok(entries) => self.save_listing(&dir, &entries),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
-                    self.cache.drop_listing(&dir);
-                    let mut listed = self.listed.lock().unwrap();
-                    listed.loaded.remove(&dir);
-                    listed.saves += 1;
-                    continue;
+                    // Gone from the source. As for a save: online only, or an offline
+                    // edit made since (a directory made again offline) would be undone.
+                    let _edits = self.offline_edits.lock().unwrap();
+                    if self.online() {
+                        self.cache.drop_listing(&dir);
+                        let mut listed = self.listed.lock().unwrap();
+                        listed.loaded.remove(&dir);
+                        listed.saves += 1;
+                        continue;
+                    }
+                    false
                 }
                 Err(_) => false,
             };
